@@ -1,0 +1,8 @@
+"""Rule implementations, one module per family. Importing this package registers them all.
+
+- qparams: QDQ0xx, validity of scale, zero-point and axis
+- pairing: QDQ1xx, Q/DQ pairing and redundant or requantizing pairs
+- artefacts: QDQ2xx/QDQ3xx, exporter artefacts and dangling nodes
+"""
+
+from qdq.checks import artefacts, pairing, qparams  # noqa: F401

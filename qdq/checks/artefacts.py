@@ -1,0 +1,198 @@
+"""QDQ2xx and QDQ3xx: exporter artefacts and dangling nodes.
+
+PyTorch's exporters write per-tensor parameters as 1-element tensors, route them through
+Identity nodes, and put no-op Casts between Q and DQ. All are harmless to the math but block
+pattern matching in onnxruntime and TensorRT. Every fix here is exact.
+"""
+
+from __future__ import annotations
+
+from typing import Iterable
+
+import numpy as np
+import onnx_graphsurgeon as gs
+from onnx import helper
+
+from qdq.quant_index import PER_TENSOR, ConstantSource, QParams
+from qdq.rewrite import set_input, unique_name
+from qdq.rule import Change, CheckContext, Finding, FixSafety, Rule, Severity, register
+
+_SCALE, _ZERO_POINT = 1, 2
+
+
+def _param_slots(p: QParams) -> list[tuple[int, gs.Tensor, ConstantSource | None]]:
+    slots = [(_SCALE, p.scale_input, p.scale_source)]
+    if p.zero_point_input is not None:
+        slots.append((_ZERO_POINT, p.zero_point_input, p.zero_point_source))
+    return slots
+
+
+def _slot_name(slot: int) -> str:
+    return "scale" if slot == _SCALE else "zero-point"
+
+
+@register
+class NonScalarQParams(Rule):
+    """Per-tensor scales and zero-points should be scalars, not 1-element tensors.
+
+    Why: the TorchScript exporter writes them with shape [1]. That is legal ONNX, but onnxruntime
+    fuses a uint8 Add into QLinearAdd and then rejects the session ("Scale and Zero-point must be
+    a scalar"), and several fusion checks (Relu/Clip absorption) need a 0-d zero-point.
+
+    Example: `QuantizeLinear(x, scale=[0.05], zp=[0])`; the fix reshapes them to 0-d. Exact.
+    """
+
+    code = "QDQ201"
+    name = "non-scalar-qparams"
+    message = "{op} {node} has a 1-element {what} of shape {shape}; per-tensor parameters should be scalars"
+    severity = Severity.WARNING
+    fix_safety = FixSafety.EXACT
+
+    def check(self, ctx: CheckContext) -> Iterable[Finding]:
+        for p in ctx.index.all_params():
+            if p.granularity != PER_TENSOR or p.block_size:
+                continue
+            for slot, tensor, source in _param_slots(p):
+                if source is not None and len(source.constant.shape) > 0:
+                    yield self.finding(
+                        ctx, p.node, [tensor], subject=(p, slot, source), op=p.node.op,
+                        what=_slot_name(slot), shape=list(source.constant.shape),
+                    )
+
+    def fix(self, ctx: CheckContext, finding: Finding) -> list[Change]:
+        p, slot, source = finding.subject
+        constant = source.constant
+        old_shape = list(constant.shape)
+        if not old_shape:
+            return []  # an earlier finding on a shared constant already fixed it
+        values = ctx.model.constant_values(constant).reshape(())
+        if _only_qparam_readers(constant):
+            constant.values = values
+            target = constant.name
+        else:
+            scalar = gs.Constant(unique_name(ctx.graph, f"{constant.name}_scalar"), values)
+            set_input(p.node, slot, scalar)
+            target = scalar.name
+        return [Change(self.code, p.node.name, target, old_shape, [], f"{_slot_name(slot)} reshaped to a scalar")]
+
+
+def _only_qparam_readers(tensor: gs.Tensor) -> bool:
+    """True when every reader uses the tensor as a Q/DQ scale or zero-point (so reshaping it is safe)."""
+    return all(
+        (r.op in ("QuantizeLinear", "DequantizeLinear") and r.inputs[0] is not tensor)
+        or (r.op in ("Identity", "Cast") and all(_only_qparam_readers(o) for o in r.outputs))
+        for r in tensor.outputs
+    )
+
+
+@register
+class QParamPassThrough(Rule):
+    """A scale or zero-point should come straight from a constant, not through Identity or Cast.
+
+    Why: the PyTorch exporters route zero-points (and, in the reference export, scales) through
+    Identity nodes. Tools and runtimes that look for a constant parameter see a computed one and
+    skip the fusion.
+
+    Example: `zp (initializer) → Identity → QuantizeLinear`; the fix reads the initializer (cast
+    ahead of time where a Cast was in the way). Exact.
+    """
+
+    code = "QDQ202"
+    name = "qparam-pass-through"
+    message = "{op} {node} reads its {what} through {chain}"
+    severity = Severity.INFO
+    fix_safety = FixSafety.EXACT
+
+    def check(self, ctx: CheckContext) -> Iterable[Finding]:
+        for p in ctx.index.all_params():
+            for slot, tensor, source in _param_slots(p):
+                chain = [n for n in (source.via if source else []) if n.op in ("Identity", "Cast")]
+                if chain:
+                    yield self.finding(
+                        ctx, p.node, [tensor], subject=(p, slot, source), op=p.node.op,
+                        what=_slot_name(slot), chain=" → ".join(n.op for n in reversed(chain)),
+                    )
+
+    def fix(self, ctx: CheckContext, finding: Finding) -> list[Change]:
+        p, slot, source = finding.subject
+        old = p.node.inputs[slot]
+        if source.cast_to is None:
+            root = _chain_root(old)
+        else:
+            values = ctx.model.constant_values(source.constant)
+            values = values.astype(helper.tensor_dtype_to_np_dtype(source.cast_to))
+            root = gs.Constant(unique_name(ctx.graph, f"{old.name}_const"), np.asarray(values))
+        set_input(p.node, slot, root)
+        return [Change(self.code, p.node.name, old.name, old.name, root.name, f"{_slot_name(slot)} read directly")]
+
+
+def _chain_root(tensor: gs.Tensor) -> gs.Tensor:
+    """The tensor at the start of an Identity/Cast chain: an initializer or a Constant node's output."""
+    while tensor.inputs and tensor.inputs[0].op in ("Identity", "Cast"):
+        tensor = tensor.inputs[0].inputs[0]
+    return tensor
+
+
+@register
+class PassThroughBetweenQDQ(Rule):
+    """Nothing should sit between a QuantizeLinear and the DequantizeLinear that reads it.
+
+    Why: PyTorch's reference export writes `Q → Cast(to=int8) → DQ` for every pair; the Cast does
+    nothing, but pattern matchers in onnxruntime and TensorRT no longer see a Q/DQ pair.
+
+    Example: `QuantizeLinear → Cast(to=INT8) → DequantizeLinear`; the fix makes the DQ read the Q
+    directly. Exact.
+    """
+
+    code = "QDQ203"
+    name = "pass-through-between-qdq"
+    message = "{chain} between QuantizeLinear {quantize} and DequantizeLinear {node} does nothing"
+    severity = Severity.WARNING
+    fix_safety = FixSafety.EXACT
+
+    def check(self, ctx: CheckContext) -> Iterable[Finding]:
+        for qt in ctx.index.qtensors:
+            if qt.quantize is None:
+                continue
+            for consumer, via in ctx.index.consumers_through(qt.integer):
+                if consumer.op == "DequantizeLinear" and via:
+                    yield self.finding(
+                        ctx, consumer, [qt.integer] + [n.outputs[0] for n in via], subject=(qt.integer, consumer),
+                        quantize=qt.quantize.name, chain=" → ".join(n.op for n in via),
+                    )
+
+    def fix(self, ctx: CheckContext, finding: Finding) -> list[Change]:
+        integer, dq = finding.subject
+        old = dq.inputs[0]
+        set_input(dq, 0, integer)
+        return [Change(self.code, dq.name, old.name, old.name, integer.name, "DequantizeLinear reads the Q directly")]
+
+
+@register
+class DanglingQDQ(Rule):
+    """A Q or DQ whose output nobody reads is dead weight.
+
+    Why: it usually marks an incomplete graph edit (a rewired consumer, a deleted branch). It costs
+    nothing at run time once a runtime prunes it, but it confuses every tool that reads placement.
+
+    Example: a DequantizeLinear left behind after its Conv was removed; the fix deletes it. Exact.
+    """
+
+    code = "QDQ301"
+    name = "dangling-qdq"
+    message = "{op} {node} has no consumers"
+    severity = Severity.WARNING
+    fix_safety = FixSafety.EXACT
+
+    def check(self, ctx: CheckContext) -> Iterable[Finding]:
+        for node in ctx.index.quantizes + ctx.index.dequantizes:
+            out = node.outputs[0] if node.outputs else None
+            if out is not None and not out.outputs and not ctx.index.is_graph_output(out):
+                yield self.finding(ctx, node, [out], subject=node, op=node.op)
+
+    def fix(self, ctx: CheckContext, finding: Finding) -> list[Change]:
+        node = finding.subject
+        name = node.outputs[0].name
+        node.inputs.clear()
+        node.outputs.clear()
+        return [Change(self.code, node.name, name, node.op, None, "removed")]

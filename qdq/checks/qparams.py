@@ -1,0 +1,216 @@
+"""QDQ0xx: is each Q/DQ node's scale, zero-point and axis valid at all?
+
+These are spec violations: a runtime rejects the model, or worse, accepts it and computes garbage
+(onnxruntime's optimiser can hide a bad per-channel axis until optimisations are turned off).
+"""
+
+from __future__ import annotations
+
+from typing import Iterable
+
+import numpy as np
+from onnx import TensorProto
+
+from qdq.dtypes import DEQUANTIZE_ONLY, type_name
+from qdq.quant_index import BLOCKED, PER_AXIS, QParams, onnx_type_of
+from qdq.rule import CheckContext, Finding, Rule, Severity, register
+
+_FLOAT_SCALE_TYPES = {TensorProto.FLOAT, TensorProto.FLOAT16, TensorProto.BFLOAT16}
+
+
+def _input_rank(p: QParams) -> int | None:
+    x = p.node.inputs[0] if p.node.inputs else None
+    if x is None or x.shape is None:
+        return None
+    return len(x.shape)
+
+
+def _input_dim(p: QParams, axis: int) -> int | None:
+    shape = p.node.inputs[0].shape if p.node.inputs else None
+    if shape is None or not -len(shape) <= axis < len(shape):
+        return None
+    dim = shape[axis]
+    return dim if isinstance(dim, int) and dim > 0 else None
+
+
+@register
+class InvalidScale(Rule):
+    """Every scale must be a finite, strictly positive float.
+
+    Why: quantization divides by the scale. A zero, negative, NaN or infinite scale makes the
+    quantized values meaningless; runtimes do not check this and silently produce garbage.
+
+    Example: `DequantizeLinear(w_q, scale=0.0)` after an observer saw an all-zero tensor.
+    """
+
+    code = "QDQ001"
+    name = "invalid-scale"
+    message = "{op} {node} has an invalid scale: {problem}"
+    severity = Severity.ERROR
+
+    def check(self, ctx: CheckContext) -> Iterable[Finding]:
+        for p in ctx.index.all_params():
+            if p.scale_source is None:
+                continue
+            problem = _scale_problem(p)
+            if problem:
+                yield self.finding(ctx, p.node, [p.scale_input], op=p.node.op, problem=problem)
+
+
+def _scale_problem(p: QParams) -> str | None:
+    scale_type = p.scale_source.cast_to or onnx_type_of(p.scale_source.constant)
+    if scale_type not in _FLOAT_SCALE_TYPES:
+        return f"scale type is {type_name(scale_type)}, not a float type"
+    values = p.scale
+    if values.size == 0:
+        return "scale is empty"
+    if not np.all(np.isfinite(values)):
+        return "scale is NaN or infinite"
+    smallest = float(values.min())
+    if smallest <= 0:
+        return f"scale {smallest:g} is not positive"
+    return None
+
+
+@register
+class InvalidZeroPoint(Rule):
+    """The zero-point must have a quantized type the op allows, and values that type can hold.
+
+    Why: the zero-point's type is the type of the quantized tensor. QuantizeLinear cannot produce
+    int32 (only DequantizeLinear reads int32, for biases); float8 types have no zero-point other
+    than 0; a value outside the type's range cannot be stored.
+
+    Example: `QuantizeLinear(x, s, zp=int32(0))` or a float8e4m3fn zero-point of 1.0.
+    """
+
+    code = "QDQ002"
+    name = "invalid-zero-point"
+    message = "{op} {node} has an invalid zero-point: {problem}"
+    severity = Severity.ERROR
+
+    def check(self, ctx: CheckContext) -> Iterable[Finding]:
+        for p in ctx.index.all_params():
+            problem = _zero_point_problem(p)
+            if problem:
+                yield self.finding(ctx, p.node, [p.zero_point_input], op=p.node.op, problem=problem)
+
+
+def _zero_point_problem(p: QParams) -> str | None:
+    qtype = p.qtype
+    if qtype is None:
+        return f"type {type_name(p.elem_type)} is not a quantized type"
+    if p.is_quantize and p.elem_type in DEQUANTIZE_ONLY:
+        return f"QuantizeLinear cannot produce {qtype.name}"
+    values = p.zero_point
+    if values is None or p.zero_point_input is None:
+        return None
+    if qtype.is_float and np.any(values != 0):
+        return f"{qtype.name} zero-point must be 0"
+    if not qtype.is_float and (values.min() < qtype.qmin or values.max() > qtype.qmax):
+        return f"value outside the {qtype.name} range [{qtype.qmin:g}, {qtype.qmax:g}]"
+    return None
+
+
+@register
+class InvalidAxis(Rule):
+    """A per-axis or blocked Q/DQ must name an axis the input has, with one scale per element.
+
+    Why: the spec requires `-rank <= axis < rank` and a 1-D scale as long as that dimension. With
+    optimisations on, onnxruntime may fold the node and hide the error; other runtimes reject it.
+
+    Example: a weight of shape (16, 3, 3, 3) with 16 per-channel scales but `axis=1` (size 3).
+    """
+
+    code = "QDQ003"
+    name = "invalid-axis"
+    message = "{op} {node}: {problem}"
+    severity = Severity.ERROR
+
+    def check(self, ctx: CheckContext) -> Iterable[Finding]:
+        for p in ctx.index.all_params():
+            if p.granularity not in (PER_AXIS, BLOCKED):
+                continue
+            rank = _input_rank(p)
+            if rank is not None and not -rank <= p.axis < rank:
+                problem = f"axis {p.axis} is out of range for a rank-{rank} input"
+            elif p.granularity == PER_AXIS:
+                problem = _per_axis_length_problem(p)
+            else:
+                problem = None
+            if problem:
+                yield self.finding(ctx, p.node, [p.node.inputs[0], p.scale_input], op=p.node.op, problem=problem)
+
+
+def _per_axis_length_problem(p: QParams) -> str | None:
+    shape = p.scale_shape
+    if shape is None or len(shape) != 1:
+        return None  # shape problems are QDQ004's
+    dim = _input_dim(p, p.axis)
+    if dim is not None and shape[0] != dim:
+        return f"{shape[0]} scales for axis {p.axis}, whose size is {dim}"
+    return None
+
+
+@register
+class QParamShapeMismatch(Rule):
+    """Scale and zero-point must have the same shape, and a shape the granularity allows.
+
+    Why: per-tensor parameters are scalars, per-axis ones are 1-D, blocked ones have the input's
+    rank. A zero-point shaped differently from its scale, or a 2-D scale without `block_size`, is
+    rejected by onnxruntime at session creation.
+
+    Example: scale of shape (16,) with a scalar zero-point on a per-channel weight.
+    """
+
+    code = "QDQ004"
+    name = "qparam-shape-mismatch"
+    message = "{op} {node}: {problem}"
+    severity = Severity.ERROR
+
+    def check(self, ctx: CheckContext) -> Iterable[Finding]:
+        for p in ctx.index.all_params():
+            problem = _shape_problem(p)
+            if problem:
+                yield self.finding(
+                    ctx, p.node, [p.scale_input, p.zero_point_input], op=p.node.op, problem=problem
+                )
+
+
+def _shape_problem(p: QParams) -> str | None:
+    scale_shape, zp_shape = p.scale_shape, p.zero_point_shape
+    if scale_shape is None:
+        return None
+    if zp_shape is not None and zp_shape != scale_shape:
+        return f"zero-point shape {list(zp_shape)} differs from scale shape {list(scale_shape)}"
+    if p.block_size:
+        rank = _input_rank(p)
+        if rank is not None and len(scale_shape) != rank:
+            return f"blocked scale has rank {len(scale_shape)}, the input has rank {rank}"
+        return None
+    if len(scale_shape) > 1:
+        return f"scale of shape {list(scale_shape)} needs block_size (only scalar or 1-D scales otherwise)"
+    return None
+
+
+@register
+class DynamicQParams(Rule):
+    """Scales and zero-points should be constants, not computed while the model runs.
+
+    Why: placement rules, scale alignment and power-of-two checks need the values, and most
+    accelerators (TensorRT, NPUs, onnxruntime's QLinear fusions) only fuse Q/DQ with constant
+    parameters; a computed scale keeps the op in float.
+
+    Example: `scale = Div(ReduceMax(Abs(x)), 127)` feeding a QuantizeLinear (dynamic quantization).
+    """
+
+    code = "QDQ005"
+    name = "dynamic-qparams"
+    message = "{op} {node} reads a {what} computed at run time"
+    severity = Severity.WARNING
+
+    def check(self, ctx: CheckContext) -> Iterable[Finding]:
+        for p in ctx.index.all_params():
+            if p.scale_source is None:
+                yield self.finding(ctx, p.node, [p.scale_input], op=p.node.op, what="scale")
+            elif p.zero_point_input is not None and p.zero_point_source is None:
+                yield self.finding(ctx, p.node, [p.zero_point_input], op=p.node.op, what="zero-point")

@@ -1,0 +1,74 @@
+"""Argument groups shared by the subcommands (as in polygraphy), and how each is resolved."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from pathlib import Path
+
+from qdq.errors import QdqError
+from qdq.rule import Severity
+from qdq.ruleset import ProjectConfig, RuleSet, builtin_targets, find_project_config, load_rules_file, load_target
+
+log = logging.getLogger("qdq")
+DEFAULT_TARGET = "common"
+
+
+class UsageError(QdqError):
+    """Options that contradict each other."""
+
+
+def add_logging_args(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("logging")
+    group.add_argument("-v", "--verbose", action="count", default=0, help="more detail on stderr (repeatable)")
+    group.add_argument("-q", "--quiet", action="count", default=0, help="less detail on stderr (repeatable)")
+
+
+def setup_logging(args: argparse.Namespace) -> None:
+    level = logging.WARNING - 10 * (args.verbose - args.quiet)
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("qdq: %(levelname)s: %(message)s"))
+    log.handlers[:] = [handler]
+    log.setLevel(max(logging.DEBUG, min(level, logging.CRITICAL)))
+    log.propagate = False
+
+
+def add_ruleset_args(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("rule selection")
+    choice = group.add_mutually_exclusive_group()
+    choice.add_argument("--target", metavar="NAME", help=f"shipped rule set ({', '.join(builtin_targets())})")
+    choice.add_argument("--rules", metavar="FILE", type=Path, help="your own rules file (TOML; may `extends` a target)")
+    group.add_argument("--select", metavar="CODES", help="comma-separated rule codes or prefixes to run (e.g. QDQ1,QDQ201)")
+    group.add_argument("--ignore", metavar="CODES", help="comma-separated rule codes or prefixes to skip")
+    group.add_argument("--isolated", action="store_true", help="ignore [tool.qdq] in pyproject.toml")
+
+
+def project_config(args: argparse.Namespace) -> ProjectConfig:
+    return ProjectConfig() if args.isolated else find_project_config(Path.cwd())
+
+
+def resolve_ruleset(args: argparse.Namespace, config: ProjectConfig) -> RuleSet:
+    """Command line first, then [tool.qdq], then the `common` set."""
+    if args.rules is not None:
+        ruleset = load_rules_file(args.rules)
+    elif args.target is not None:
+        ruleset = load_target(args.target)
+    elif config.rules is not None:
+        ruleset = load_rules_file(config.rules)
+    else:
+        ruleset = load_target(config.target or DEFAULT_TARGET)
+    select = _codes(args.select) if args.select is not None else config.select
+    ignore = _codes(args.ignore) if args.ignore is not None else config.ignore
+    return ruleset.narrowed(select, ignore)
+
+
+def parse_severity(text: str) -> Severity:
+    try:
+        return Severity.parse(text)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+
+
+def _codes(text: str) -> list[str]:
+    return [c.strip() for c in text.split(",") if c.strip()]

@@ -1,0 +1,34 @@
+"""`qdq explain CODE`: a rule's documentation, severity, fix kind and parameters."""
+
+from __future__ import annotations
+
+import argparse
+
+from qdq.commands.args import UsageError, add_logging_args
+from qdq.rule import all_rules
+
+
+def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
+    parser = subparsers.add_parser("explain", help="print a rule's documentation",
+                                   description="Print what a rule checks, why it matters, and an example.")
+    parser.add_argument("code", help="rule code, e.g. QDQ102")
+    add_logging_args(parser)
+    return parser
+
+
+def run(args: argparse.Namespace) -> int:
+    registry = all_rules()
+    rule = registry.get(args.code.upper())
+    if rule is None:
+        raise UsageError(f"unknown rule code {args.code!r} (see `qdq rules --all`)")
+    fix = f"{rule.fix_safety} fix (qdq fix)" if rule.fix_safety else "no automatic fix"
+    print(f"{rule.code} {rule.name}")
+    print(f"default severity: {rule.severity}; {fix}")
+    print()
+    print(rule.doc())
+    if rule.parameters:
+        print()
+        print("Parameters (set them in a rules file under [rules.%s]):" % rule.code)
+        for key, value in rule.parameters.items():
+            print(f"  {key} = {value!r}")
+    return 0

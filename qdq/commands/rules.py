@@ -1,0 +1,48 @@
+"""`qdq rules`: list the rules of a rule set with their severity and fix kind."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+from qdq.commands.args import add_logging_args, add_ruleset_args, project_config, resolve_ruleset
+from qdq.rule import all_rules
+
+
+def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
+    parser = subparsers.add_parser("rules", help="list the rules of a rule set", description="List the rules a "
+                                   "rule set runs, with severity and whether `qdq fix` can repair them.")
+    add_ruleset_args(parser)
+    parser.add_argument("--all", action="store_true", help="also list rules the set turns off")
+    parser.add_argument("--format", choices=("text", "json"), default="text")
+    add_logging_args(parser)
+    return parser
+
+
+def run(args: argparse.Namespace) -> int:
+    ruleset = resolve_ruleset(args, project_config(args))
+    registry = all_rules()
+    rows = []
+    for code, cfg in sorted(ruleset.rules.items()):
+        if not cfg.enabled and not args.all:
+            continue
+        rule = registry[code]
+        rows.append({
+            "code": code,
+            "name": rule.name,
+            "severity": str(cfg.severity),
+            "enabled": cfg.enabled,
+            "fix": str(rule.fix_safety) if rule.fix_safety else None,
+            "summary": rule.doc().splitlines()[0] if rule.doc() else "",
+            "params": cfg.params,
+        })
+    if args.format == "json":
+        print(json.dumps({"ruleset": ruleset.name, "rules": rows}, indent=2))
+        return 0
+    print(f"Rule set {ruleset.name!r}: {ruleset.description}")
+    for row in rows:
+        fix = row["fix"] or "-"
+        state = "" if row["enabled"] else " (off)"
+        print(f"  {row['code']}  {row['name']:<28} {row['severity']:<8} fix:{fix:<12} {row['summary']}{state}")
+    print(f"{len(rows)} rules. `qdq explain CODE` for details.")
+    return 0

@@ -1,0 +1,320 @@
+"""Loading and saving ONNX models safely.
+
+A model is loaded without its external weights (they are only referenced, never read unless a
+rule asks for a value) and checked before any rule sees it, so every malformed input ends in a
+one-line `ModelLoadError`. Saving is atomic and keeps external weights in external files.
+"""
+
+from __future__ import annotations
+
+import gc
+import os
+import tempfile
+from contextlib import contextmanager, suppress
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Iterator
+
+import numpy as np
+import onnx
+import onnx_graphsurgeon as gs
+from google.protobuf.message import DecodeError
+from onnx import TensorProto, numpy_helper
+
+from qdq.errors import ModelLoadError, OutputError
+
+# QuantizeLinear and DequantizeLinear exist from opset 10 on.
+MIN_OPSET = 10
+_LFS_POINTER_PREFIX = b"version https://git-lfs"
+# Tensors a fix creates that are larger than this go to external data when the model uses it.
+_EXTERNAL_THRESHOLD_BYTES = 1024
+
+
+@dataclass
+class Model:
+    """An ONNX model as qdq works on it: a graphsurgeon graph plus where it came from."""
+
+    graph: gs.Graph
+    path: Path
+    opset: int
+    proto: onnx.ModelProto = field(repr=False)
+
+    @property
+    def base_dir(self) -> Path:
+        """The folder external-data locations are relative to."""
+        return self.path.parent
+
+    @property
+    def uses_external_data(self) -> bool:
+        return any(_is_external(t) for t in _all_tensor_protos(self.proto.graph))
+
+    def constant_values(self, tensor: gs.Constant) -> np.ndarray:
+        """The values of a constant, reading external data relative to the model, not the cwd."""
+        lazy = tensor._values
+        if isinstance(lazy, gs.ir.tensor.LazyValues):
+            return numpy_helper.to_array(lazy.tensor, base_dir=str(self.base_dir))
+        return np.asarray(lazy)
+
+
+def load_model(path: str | os.PathLike) -> Model:
+    """Read and validate an ONNX model; raise ModelLoadError with a one-line reason if unusable."""
+    path = Path(path)
+    _check_model_file(path)
+    try:
+        proto = onnx.load(str(path), load_external_data=False)
+    except (DecodeError, RuntimeWarning, ValueError, TypeError) as exc:
+        raise ModelLoadError(f"{path}: not a valid ONNX model (protobuf parse failed: {_first_line(exc)})") from None
+    except Exception as exc:  # protobuf raises assorted internal errors on garbage input
+        raise ModelLoadError(f"{path}: not a valid ONNX model ({type(exc).__name__}: {_first_line(exc)})") from None
+    if not proto.HasField("graph") or len(proto.graph.node) == 0:
+        raise ModelLoadError(f"{path}: not a valid ONNX model (no graph or no nodes)")
+    opset = default_opset(proto)
+    if opset is None:
+        raise ModelLoadError(f"{path}: the model imports no default-domain (ai.onnx) opset")
+    if opset < MIN_OPSET:
+        raise ModelLoadError(
+            f"{path}: opset {opset} is older than {MIN_OPSET}, the first with QuantizeLinear/DequantizeLinear"
+        )
+    _check_external_data(proto, path)
+    try:
+        onnx.checker.check_model(str(path))
+    except Exception as exc:
+        raise ModelLoadError(f"{path}: invalid ONNX model: {_first_line(exc)}") from None
+    with gc_paused():
+        try:
+            graph = gs.import_onnx(proto)
+        except Exception as exc:
+            raise ModelLoadError(f"{path}: cannot import the graph: {_first_line(exc)}") from None
+    return Model(graph=graph, path=path, opset=opset, proto=proto)
+
+
+def save_model(model: Model, out_path: str | os.PathLike) -> None:
+    """Write the model atomically; external weights stay external and are never overwritten.
+
+    Unchanged external tensors keep pointing at their data file. When the output goes to another
+    folder the data file is copied next to it (under a new name if that name is taken), so the
+    input's data is never touched. Large tensors that a fix created are written to a new data file.
+    """
+    out_path = Path(out_path)
+    check_writable(out_path)
+    with gc_paused():
+        proto = gs.export_onnx(model.graph)
+    proto.ir_version = model.proto.ir_version
+    proto.producer_name = model.proto.producer_name or proto.producer_name
+    del proto.metadata_props[:]
+    proto.metadata_props.extend(model.proto.metadata_props)
+    tensors = list(_all_tensor_protos(proto.graph))
+    if any(_is_external(t) for t in tensors) or model.uses_external_data:
+        _place_external_data(tensors, model.base_dir, out_path)
+    atomic_write_bytes(out_path, proto.SerializeToString())
+
+
+def default_opset(proto: onnx.ModelProto) -> int | None:
+    for entry in proto.opset_import:
+        if entry.domain in ("", "ai.onnx"):
+            return entry.version
+    return None
+
+
+def check_writable(path: Path) -> None:
+    """Fail early, before any work, when an output path cannot be written."""
+    parent = path.parent if str(path.parent) else Path(".")
+    if path.is_dir():
+        raise OutputError(f"{path}: output path is a directory")
+    if not parent.is_dir():
+        raise OutputError(f"{path}: output folder {parent} does not exist")
+    if not os.access(parent, os.W_OK):
+        raise OutputError(f"{path}: output folder {parent} is not writable")
+    if path.exists() and not os.access(path, os.W_OK):
+        raise OutputError(f"{path}: output file is not writable")
+
+
+def atomic_write_bytes(path: Path, data: bytes) -> None:
+    """Write to a temporary file in the same folder, then rename: readers see old or new, never half."""
+    path = Path(path)
+    check_writable(path)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as handle:
+            handle.write(data)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        with suppress(OSError):
+            os.unlink(tmp)
+        raise
+
+
+def atomic_write_text(path: Path, text: str) -> None:
+    atomic_write_bytes(path, text.encode("utf-8"))
+
+
+@contextmanager
+def gc_paused() -> Iterator[None]:
+    """Pause the cyclic garbage collector while building millions of small graph objects."""
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            gc.enable()
+
+
+def _check_model_file(path: Path) -> None:
+    if not path.exists():
+        raise ModelLoadError(f"{path}: no such file")
+    if path.is_dir():
+        raise ModelLoadError(f"{path}: is a directory, not an ONNX model file")
+    if not path.is_file():
+        raise ModelLoadError(f"{path}: not a regular file")
+    try:
+        with open(path, "rb") as handle:
+            head = handle.read(len(_LFS_POINTER_PREFIX))
+    except OSError as exc:
+        raise ModelLoadError(f"{path}: cannot read: {exc.strerror}") from None
+    if not head:
+        raise ModelLoadError(f"{path}: file is empty")
+    if head == _LFS_POINTER_PREFIX:
+        raise ModelLoadError(f"{path}: is a Git LFS pointer, not the model; run `git lfs pull` first")
+
+
+def _check_external_data(proto: onnx.ModelProto, path: Path) -> None:
+    """Refuse external-data references that are missing, out of bounds or outside the model folder."""
+    base = path.parent.resolve()
+    for tensor in _all_tensor_protos(proto.graph):
+        if not _is_external(tensor):
+            continue
+        info = {entry.key: entry.value for entry in tensor.external_data}
+        location = info.get("location", "")
+        if not location:
+            raise ModelLoadError(f"{path}: tensor {tensor.name!r} has external data with no location")
+        if os.path.isabs(location):
+            raise ModelLoadError(
+                f"{path}: tensor {tensor.name!r} external data location {location!r} is absolute; refused"
+            )
+        target = (base / location).resolve()
+        if target != base and base not in target.parents:
+            raise ModelLoadError(
+                f"{path}: tensor {tensor.name!r} external data {location!r} points outside the model folder; refused"
+            )
+        if not target.is_file():
+            raise ModelLoadError(f"{path}: tensor {tensor.name!r} external data file {location!r} is missing")
+        try:
+            offset = int(info.get("offset", "0"))
+            length = int(info["length"]) if "length" in info else None
+        except ValueError:
+            raise ModelLoadError(f"{path}: tensor {tensor.name!r} has a non-numeric external data offset or length") from None
+        size = target.stat().st_size
+        if offset < 0 or offset > size or (length is not None and (length < 0 or offset + length > size)):
+            raise ModelLoadError(
+                f"{path}: tensor {tensor.name!r} external data range lies beyond the end of {location!r}"
+            )
+
+
+def _is_external(tensor: TensorProto) -> bool:
+    return tensor.data_location == TensorProto.EXTERNAL
+
+
+def _all_tensor_protos(graph: onnx.GraphProto) -> Iterator[TensorProto]:
+    """Every TensorProto in a graph: initializers, Constant attributes, and those of subgraphs."""
+    yield from graph.initializer
+    for node in graph.node:
+        for attr in node.attribute:
+            if attr.HasField("t"):
+                yield attr.t
+            yield from attr.tensors
+            if attr.HasField("g"):
+                yield from _all_tensor_protos(attr.g)
+            for sub in attr.graphs:
+                yield from _all_tensor_protos(sub)
+
+
+def _place_external_data(tensors: list[TensorProto], source_dir: Path, out_path: Path) -> None:
+    """Make every external reference valid relative to the output, and externalise new big tensors."""
+    out_dir = out_path.parent.resolve()
+    source_dir = source_dir.resolve()
+    copied: dict[str, str] = {}
+    new_data: list[TensorProto] = []
+    for tensor in tensors:
+        if _is_external(tensor):
+            if out_dir == source_dir:
+                continue
+            info = {entry.key: entry for entry in tensor.external_data}
+            location = info["location"].value
+            if location not in copied:
+                copied[location] = _copy_data_file(source_dir / location, out_dir, out_path.stem)
+            info["location"].value = copied[location]
+        elif tensor.ByteSize() > _EXTERNAL_THRESHOLD_BYTES:
+            new_data.append(tensor)
+    if new_data:
+        _write_new_external_file(new_data, out_dir, out_path.stem)
+
+
+def _copy_data_file(source: Path, out_dir: Path, stem: str) -> str:
+    """Copy an external data file next to the output under a name that overwrites nothing."""
+    name = _free_name(out_dir, source.name, stem)
+    tmp = out_dir / f".{name}.tmp"
+    try:
+        try:
+            os.link(source, tmp)
+        except OSError:
+            with open(source, "rb") as src, open(tmp, "wb") as dst:
+                while chunk := src.read(1 << 24):
+                    dst.write(chunk)
+        os.replace(tmp, out_dir / name)
+    except BaseException:
+        with suppress(OSError):
+            os.unlink(tmp)
+        raise
+    return name
+
+
+def _write_new_external_file(tensors: list[TensorProto], out_dir: Path, stem: str) -> None:
+    name = _free_name(out_dir, f"{stem}.data", stem)
+    tmp = out_dir / f".{name}.tmp"
+    offset = 0
+    try:
+        with open(tmp, "wb") as handle:
+            for tensor in tensors:
+                payload = _raw_bytes(tensor)
+                handle.write(payload)
+                tensor.ClearField("raw_data")
+                del tensor.external_data[:]
+                for key, value in (("location", name), ("offset", str(offset)), ("length", str(len(payload)))):
+                    entry = tensor.external_data.add()
+                    entry.key, entry.value = key, value
+                tensor.data_location = TensorProto.EXTERNAL
+                offset += len(payload)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(tmp, out_dir / name)
+    except BaseException:
+        with suppress(OSError):
+            os.unlink(tmp)
+        raise
+
+
+def _raw_bytes(tensor: TensorProto) -> bytes:
+    """The tensor's data as raw bytes, moving typed fields (float_data, …) to raw form."""
+    if not tensor.HasField("raw_data"):
+        array = numpy_helper.to_array(tensor)
+        converted = numpy_helper.from_array(array, tensor.name)
+        tensor.CopyFrom(converted)
+    return tensor.raw_data
+
+
+def _free_name(folder: Path, name: str, stem: str) -> str:
+    if not (folder / name).exists():
+        return name
+    index = 1
+    while (folder / f"{stem}.{index}.data").exists():
+        index += 1
+    return f"{stem}.{index}.data"
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip() or type(exc).__name__
+    return text.splitlines()[0][:300]
+

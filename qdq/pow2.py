@@ -1,0 +1,40 @@
+"""Power-of-two scale helpers: the fix position ``pos = -log2(scale)`` used by NPU rules."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+
+def pos(scale: float) -> float:
+    """The fix position of a scale: ``scale == 2 ** -pos``. Not rounded; see `is_pow2`."""
+    if not (scale > 0 and math.isfinite(scale)):
+        raise ValueError(f"scale must be positive and finite, got {scale!r}")
+    return -math.log2(scale)
+
+
+def is_pow2(scale: float) -> bool:
+    """True when the scale is exactly a power of two, as stored (no tolerance)."""
+    if not (scale > 0 and math.isfinite(scale)):
+        return False
+    mantissa, _ = math.frexp(scale)
+    return mantissa == 0.5
+
+
+def all_pow2(scales: np.ndarray) -> bool:
+    """True when every element of a scale array is exactly a power of two."""
+    values = np.asarray(scales, dtype=np.float64).ravel()
+    if values.size == 0:
+        return False
+    if not np.all(np.isfinite(values) & (values > 0)):
+        return False
+    mantissa, _ = np.frexp(values)
+    return bool(np.all(mantissa == 0.5))
+
+
+def int_pos(scale: float) -> int:
+    """The integer fix position of an exact power-of-two scale; ValueError otherwise."""
+    if not is_pow2(scale):
+        raise ValueError(f"scale {scale!r} is not a power of two")
+    return int(round(pos(scale)))

@@ -1,0 +1,415 @@
+"""The quantization view of a graph: which tensors are quantized, how, and which op reads what.
+
+Rules never walk Q/DQ chains themselves; they ask this index. It resolves exporter noise
+(Identity and no-op Cast between a constant and a Q/DQ, a no-op Cast between Q and DQ) so that
+"which scale does this Conv read, which does it write" has one answer everywhere.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from functools import cached_property
+from typing import Iterable
+
+import numpy as np
+import onnx_graphsurgeon as gs
+from onnx import TensorProto, helper
+
+from qdq.dtypes import QuantType, quant_type
+from qdq.model import Model
+
+QUANTIZE = "QuantizeLinear"
+DEQUANTIZE = "DequantizeLinear"
+QDQ_OPS = (QUANTIZE, DEQUANTIZE)
+# onnxruntime's contrib Q/DQ (com.microsoft) has the same semantics, for int16 and int4 before opset 21.
+QDQ_DOMAINS = (None, "", "ai.onnx", "com.microsoft")
+# Ops that pass a tensor through unchanged when they do not change its type.
+PASS_THROUGH_OPS = ("Identity", "Cast")
+
+PER_TENSOR = "per-tensor"
+PER_AXIS = "per-axis"
+BLOCKED = "blocked"
+
+
+@dataclass
+class ConstantSource:
+    """A constant that a Q/DQ parameter resolves to, and the pass-through nodes on the way."""
+
+    constant: gs.Constant
+    via: list[gs.Node] = field(default_factory=list)
+
+    @property
+    def cast_to(self) -> int | None:
+        """The element type the last Cast on the way converts to, if any."""
+        casts = [n for n in self.via if n.op == "Cast"]
+        return casts[0].attrs.get("to") if casts else None
+
+
+@dataclass
+class QParams:
+    """The quantization parameters one Q or DQ node uses, with their constants resolved."""
+
+    node: gs.Node
+    scale_input: gs.Tensor
+    zero_point_input: gs.Tensor | None
+    scale_source: ConstantSource | None
+    zero_point_source: ConstantSource | None
+    axis: int
+    block_size: int
+    elem_type: int
+    model: Model = field(repr=False)
+
+    @property
+    def is_quantize(self) -> bool:
+        return self.node.op == QUANTIZE
+
+    @property
+    def qtype(self) -> QuantType | None:
+        return quant_type(self.elem_type)
+
+    @property
+    def dynamic(self) -> bool:
+        """True when scale or zero-point is computed at run time instead of being a constant."""
+        return self.scale_source is None or (self.zero_point_input is not None and self.zero_point_source is None)
+
+    @property
+    def scale_shape(self) -> tuple[int, ...] | None:
+        if self.scale_source is not None:
+            return tuple(self.scale_source.constant.shape)
+        shape = self.scale_input.shape
+        return tuple(shape) if shape is not None and all(isinstance(d, int) for d in shape) else None
+
+    @property
+    def zero_point_shape(self) -> tuple[int, ...] | None:
+        if self.zero_point_source is None:
+            return None
+        return tuple(self.zero_point_source.constant.shape)
+
+    @property
+    def granularity(self) -> str:
+        if self.block_size:
+            return BLOCKED
+        shape = self.scale_shape
+        if shape is None or int(np.prod(shape, dtype=np.int64)) <= 1:
+            return PER_TENSOR
+        return PER_AXIS
+
+    @cached_property
+    def scale(self) -> np.ndarray | None:
+        """Scale values as float64 (None when computed at run time)."""
+        if self.scale_source is None:
+            return None
+        return _source_values(self.model, self.scale_source).astype(np.float64)
+
+    @cached_property
+    def zero_point(self) -> np.ndarray | None:
+        """Zero-point values as float64 (zeros when the node has no zero-point input)."""
+        if self.zero_point_input is None:
+            shape = self.scale_shape or ()
+            return np.zeros(shape, dtype=np.float64)
+        if self.zero_point_source is None:
+            return None
+        return _source_values(self.model, self.zero_point_source).astype(np.float64)
+
+    def same_values(self, other: QParams) -> bool:
+        """Same scale, zero-point, axis and type: quantizing with one and dequantizing with the other is exact."""
+        if self.dynamic or other.dynamic:
+            return self.scale_input is other.scale_input and self.zero_point_input is other.zero_point_input
+        if self.elem_type != other.elem_type or self.block_size != other.block_size:
+            return False
+        if self.granularity != PER_TENSOR and self.axis != other.axis:
+            return False
+        return _flat_equal(self.scale, other.scale) and _flat_equal(self.zero_point, other.zero_point)
+
+    def shares_initializers(self, other: QParams) -> bool:
+        """True when both nodes read the very same scale and zero-point constants."""
+        same_scale = _constant_of(self.scale_source) is _constant_of(other.scale_source) is not None
+        same_zp = (self.zero_point_input is None and other.zero_point_input is None) or (
+            _constant_of(self.zero_point_source) is _constant_of(other.zero_point_source) is not None
+        )
+        return same_scale and same_zp
+
+    def describe(self) -> dict:
+        """A JSON-friendly summary for findings and reports."""
+        out: dict = {
+            "dtype": self.qtype.name if self.qtype else str(self.elem_type),
+            "granularity": self.granularity,
+        }
+        if self.granularity != PER_TENSOR:
+            out["axis"] = self.axis
+        if self.block_size:
+            out["block_size"] = self.block_size
+        if self.scale is not None:
+            out["scale"] = _summarise(self.scale)
+        if self.zero_point is not None:
+            out["zero_point"] = _summarise(self.zero_point)
+        return out
+
+
+@dataclass
+class QTensor:
+    """One quantized value: the integer tensor, the Q that makes it (if any) and the DQs that read it."""
+
+    integer: gs.Tensor
+    quantize: gs.Node | None
+    dequantizes: list[gs.Node]
+    float_input: gs.Tensor | None
+
+    @property
+    def stored(self) -> bool:
+        """True when the integer values are stored in the model (a quantized weight or bias)."""
+        return isinstance(self.integer, gs.Constant)
+
+
+@dataclass
+class NodeQuant:
+    """A compute op seen through its Q/DQ: the params each input was dequantized with, and each output's Qs."""
+
+    node: gs.Node
+    inputs: list[QParams | None]
+    outputs: list[list[QParams]]
+
+    @property
+    def quantized_inputs(self) -> list[QParams]:
+        return [p for p in self.inputs if p is not None]
+
+
+class QuantIndex:
+    """All Q/DQ nodes of a graph and the maps rules need, built once per lint or fix round."""
+
+    def __init__(self, model: Model):
+        self.model = model
+        self.graph = model.graph
+        self.quantizes: list[gs.Node] = []
+        self.dequantizes: list[gs.Node] = []
+        self._params: dict[int, QParams] = {}
+        for node in self.graph.nodes:
+            if node.op in QDQ_OPS and node.domain in QDQ_DOMAINS:
+                (self.quantizes if node.op == QUANTIZE else self.dequantizes).append(node)
+                self._params[id(node)] = self._read_params(node)
+        self.graph_outputs = {id(t) for t in self.graph.outputs}
+
+    @property
+    def has_qdq(self) -> bool:
+        return bool(self._params)
+
+    def params(self, node: gs.Node) -> QParams:
+        """The QParams of a Q or DQ node."""
+        return self._params[id(node)]
+
+    def all_params(self) -> Iterable[QParams]:
+        return self._params.values()
+
+    # --- walking through exporter pass-throughs -------------------------------------------
+
+    def is_noop_cast(self, node: gs.Node) -> bool:
+        """A Cast to the type its input already has (exporters put these between Q and DQ)."""
+        if node.op != "Cast" or not node.inputs:
+            return False
+        return _elem_type_of(self, node.inputs[0]) == node.attrs.get("to")
+
+    def is_pass_through(self, node: gs.Node) -> bool:
+        return node.op == "Identity" or self.is_noop_cast(node)
+
+    def dequantize_feeding(self, tensor: gs.Tensor) -> gs.Node | None:
+        """The DQ whose output reaches this tensor, looking back through pass-through nodes."""
+        while len(tensor.inputs) == 1:
+            producer = tensor.inputs[0]
+            if producer.op == DEQUANTIZE:
+                return producer
+            if not self.is_pass_through(producer) or not producer.inputs:
+                return None
+            tensor = producer.inputs[0]
+        return None
+
+    def consumers_through(self, tensor: gs.Tensor) -> list[tuple[gs.Node, list[gs.Node]]]:
+        """Each real consumer of a tensor with the pass-through nodes passed on the way."""
+        found: list[tuple[gs.Node, list[gs.Node]]] = []
+        stack: list[tuple[gs.Tensor, list[gs.Node]]] = [(tensor, [])]
+        while stack:
+            current, via = stack.pop()
+            for consumer in current.outputs:
+                if self.is_pass_through(consumer) and consumer.outputs:
+                    stack.append((consumer.outputs[0], via + [consumer]))
+                else:
+                    found.append((consumer, via))
+        return found
+
+    def quantizes_of(self, tensor: gs.Tensor) -> list[gs.Node]:
+        """The Q nodes that quantize this float tensor."""
+        return [n for n in tensor.outputs if n.op == QUANTIZE and n.inputs and n.inputs[0] is tensor]
+
+    def is_graph_output(self, tensor: gs.Tensor) -> bool:
+        return id(tensor) in self.graph_outputs
+
+    # --- whole-graph views -------------------------------------------------------------------
+
+    @cached_property
+    def qtensors(self) -> list[QTensor]:
+        """Every quantized value: Q outputs and integer tensors read by a DQ."""
+        result: list[QTensor] = []
+        seen: set[int] = set()
+        for q in self.quantizes:
+            if not q.outputs:
+                continue
+            out = q.outputs[0]
+            seen.add(id(out))
+            dqs = [c for c, _ in self.consumers_through(out) if c.op == DEQUANTIZE]
+            result.append(QTensor(out, q, dqs, q.inputs[0] if q.inputs else None))
+        for dq in self.dequantizes:
+            source = dq.inputs[0] if dq.inputs else None
+            if source is None or id(source) in seen:
+                continue
+            origin = self._integer_origin(source)
+            if origin is not None and id(origin) in seen:
+                continue
+            seen.add(id(source))
+            dqs = [c for c in source.outputs if c.op == DEQUANTIZE]
+            result.append(QTensor(source, None, dqs, None))
+        return result
+
+    def node_quant(self, node: gs.Node) -> NodeQuant:
+        """Which params each input of a compute op was dequantized with, and which Qs read each output."""
+        inputs: list[QParams | None] = []
+        for tensor in node.inputs:
+            dq = self.dequantize_feeding(tensor) if tensor is not None else None
+            inputs.append(self.params(dq) if dq is not None else None)
+        outputs: list[list[QParams]] = []
+        for tensor in node.outputs:
+            qs = [c for c, _ in self.consumers_through(tensor) if c.op == QUANTIZE]
+            outputs.append([self.params(q) for q in qs])
+        return NodeQuant(node, inputs, outputs)
+
+    def compute_nodes(self) -> list[gs.Node]:
+        """Every node that is neither a Q/DQ nor an exporter pass-through or Constant."""
+        return [
+            n
+            for n in self.graph.nodes
+            if n.op not in QDQ_OPS and n.op != "Constant" and not self.is_pass_through(n)
+        ]
+
+    # --- construction --------------------------------------------------------------------------
+
+    def _read_params(self, node: gs.Node) -> QParams:
+        inputs = list(node.inputs) + [None] * 3
+        scale_input, zero_point_input = inputs[1], inputs[2]
+        if zero_point_input is not None and _is_empty_input(zero_point_input):
+            zero_point_input = None
+        scale_source = resolve_constant(scale_input) if scale_input is not None else None
+        zp_source = resolve_constant(zero_point_input) if zero_point_input is not None else None
+        return QParams(
+            node=node,
+            scale_input=scale_input,
+            zero_point_input=zero_point_input,
+            scale_source=scale_source,
+            zero_point_source=zp_source,
+            axis=int(node.attrs.get("axis", 1)),
+            block_size=int(node.attrs.get("block_size", 0) or 0),
+            elem_type=self._quantized_type(node, zp_source),
+            model=self.model,
+        )
+
+    def _quantized_type(self, node: gs.Node, zp_source: ConstantSource | None) -> int:
+        """The integer type of a Q's output or a DQ's input, following the spec's defaulting."""
+        if zp_source is not None:
+            return zp_source.cast_to or onnx_type_of(zp_source.constant)
+        if node.op == QUANTIZE:
+            return int(node.attrs.get("output_dtype", 0) or TensorProto.UINT8)
+        source = node.inputs[0] if node.inputs else None
+        known = _elem_type_of(self, source) if source is not None else None
+        return known or TensorProto.UINT8
+
+    def _integer_origin(self, tensor: gs.Tensor) -> gs.Tensor | None:
+        """Follow a DQ's input back through pass-through nodes to a Q output, if it came from one."""
+        while len(tensor.inputs) == 1 and self.is_pass_through(tensor.inputs[0]) and tensor.inputs[0].inputs:
+            tensor = tensor.inputs[0].inputs[0]
+        return tensor
+
+
+def resolve_constant(tensor: gs.Tensor) -> ConstantSource | None:
+    """The constant behind a tensor, through Constant nodes, Identity and Cast; None if computed."""
+    via: list[gs.Node] = []
+    while True:
+        if isinstance(tensor, gs.Constant):
+            return ConstantSource(tensor, via)
+        if len(tensor.inputs) != 1:
+            return None
+        producer = tensor.inputs[0]
+        if producer.op == "Constant":
+            value = _constant_node_value(producer)
+            return ConstantSource(value, via + [producer]) if value is not None else None
+        if producer.op in PASS_THROUGH_OPS and producer.inputs:
+            via.append(producer)
+            tensor = producer.inputs[0]
+            continue
+        return None
+
+
+def _constant_node_value(node: gs.Node) -> gs.Constant | None:
+    value = node.attrs.get("value")
+    if isinstance(value, gs.Constant):
+        return value
+    for key, dtype in (("value_float", np.float32), ("value_floats", np.float32), ("value_int", np.int64), ("value_ints", np.int64)):
+        if key in node.attrs:
+            return gs.Constant(node.outputs[0].name + "_value", np.asarray(node.attrs[key], dtype=dtype))
+    return None
+
+
+def _source_values(model: Model, source: ConstantSource) -> np.ndarray:
+    values = model.constant_values(source.constant)
+    if source.cast_to:
+        values = values.astype(helper.tensor_dtype_to_np_dtype(source.cast_to))
+    return np.asarray(values)
+
+
+def onnx_type_of(constant: gs.Constant) -> int:
+    lazy = constant._values
+    if isinstance(lazy, gs.ir.tensor.LazyValues):
+        return int(lazy.tensor.data_type)
+    return helper.np_dtype_to_tensor_dtype(np.asarray(lazy).dtype)
+
+
+def _elem_type_of(index: QuantIndex, tensor: gs.Tensor) -> int | None:
+    """The ONNX element type of a tensor when it is known without running inference."""
+    if isinstance(tensor, gs.Constant):
+        return onnx_type_of(tensor)
+    if len(tensor.inputs) == 1:
+        producer = tensor.inputs[0]
+        if producer.op == QUANTIZE and id(producer) in index._params:
+            return index._params[id(producer)].elem_type
+        if producer.op == "Cast":
+            return producer.attrs.get("to")
+        if producer.op == "Identity" and producer.inputs:
+            return _elem_type_of(index, producer.inputs[0])
+    if isinstance(tensor.dtype, int):
+        return tensor.dtype
+    if tensor.dtype is not None:
+        try:
+            return helper.np_dtype_to_tensor_dtype(np.dtype(tensor.dtype))
+        except (TypeError, KeyError, ValueError):
+            return None
+    return None
+
+
+def _is_empty_input(tensor: gs.Tensor) -> bool:
+    return tensor.name == "" and not isinstance(tensor, gs.Constant)
+
+
+def _constant_of(source: ConstantSource | None) -> gs.Constant | None:
+    return source.constant if source is not None else None
+
+
+def _flat_equal(a: np.ndarray | None, b: np.ndarray | None) -> bool:
+    if a is None or b is None:
+        return False
+    a, b = np.asarray(a).ravel(), np.asarray(b).ravel()
+    return a.shape == b.shape and bool(np.array_equal(a, b))
+
+
+def _summarise(values: np.ndarray) -> float | list[float] | dict:
+    flat = np.asarray(values, dtype=np.float64).ravel()
+    if flat.size == 1:
+        return float(flat[0])
+    if flat.size <= 8:
+        return [float(v) for v in flat]
+    return {"count": int(flat.size), "min": float(flat.min()), "max": float(flat.max())}

@@ -1,0 +1,41 @@
+"""Small graph edits shared by fixes: rewiring consumers and replacing constants."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx_graphsurgeon as gs
+
+
+def replace_uses(old: gs.Tensor, new: gs.Tensor) -> int:
+    """Make every node that reads `old` read `new` instead; returns how many inputs changed.
+
+    Graph outputs are left alone: their names are the model's interface.
+    """
+    changed = 0
+    for consumer in list(old.outputs):
+        for i, tensor in enumerate(consumer.inputs):
+            if tensor is old:
+                consumer.inputs[i] = new
+                changed += 1
+    return changed
+
+
+def set_input(node: gs.Node, index: int, tensor: gs.Tensor) -> None:
+    """Point one input of a node at another tensor (graphsurgeon keeps both sides linked)."""
+    node.inputs[index] = tensor
+
+
+def scalar_constant(name: str, value: np.ndarray) -> gs.Constant:
+    """A new constant holding a 0-d copy of a one-element array, keeping its dtype."""
+    return gs.Constant(name, np.asarray(value).reshape(()).copy())
+
+
+def unique_name(graph: gs.Graph, base: str) -> str:
+    """A tensor name not yet used in the graph."""
+    taken = graph.tensors()
+    if base not in taken:
+        return base
+    index = 1
+    while f"{base}_{index}" in taken:
+        index += 1
+    return f"{base}_{index}"

@@ -1,0 +1,164 @@
+"""What a rule is: a stable code, a one-line message, a doc, a check, and optionally a fix.
+
+Rules are small classes registered by code. They hold no target knowledge: bounds and op lists
+come in as parameters from a rule set in `rules/`, so a new target is a rules-file edit.
+"""
+
+from __future__ import annotations
+
+import inspect
+from dataclasses import dataclass, field
+from enum import Enum, IntEnum
+from typing import Any, ClassVar, Iterable
+
+import onnx_graphsurgeon as gs
+
+from qdq.model import Model
+from qdq.quant_index import QuantIndex
+
+
+class Severity(IntEnum):
+    INFO = 0
+    WARNING = 1
+    ERROR = 2
+
+    @classmethod
+    def parse(cls, text: str) -> Severity:
+        try:
+            return cls[text.upper()]
+        except KeyError:
+            raise ValueError(f"unknown severity {text!r} (use error, warning or info)") from None
+
+    def __str__(self) -> str:
+        return self.name.lower()
+
+
+class FixSafety(str, Enum):
+    """Exact fixes keep outputs bit-identical; approximate ones change numerics and say so."""
+
+    EXACT = "exact"
+    APPROXIMATE = "approximate"
+
+    def __str__(self) -> str:
+        return self.value
+
+
+@dataclass
+class Finding:
+    """One violation: which rule, where (node and tensors), and the values involved."""
+
+    code: str
+    message: str
+    severity: Severity
+    node: str | None
+    tensors: tuple[str, ...] = ()
+    values: dict[str, Any] = field(default_factory=dict)
+    fix: FixSafety | None = None
+    # The graph objects the check looked at, for the rule's own fix; never serialised.
+    subject: Any = field(default=None, repr=False, compare=False)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "code": self.code,
+            "severity": str(self.severity),
+            "message": self.message,
+            "node": self.node,
+            "tensors": list(self.tensors),
+            "values": self.values,
+            "fix": str(self.fix) if self.fix else None,
+        }
+
+
+@dataclass
+class Change:
+    """One edit a fix made, for the change report: rule, node, tensor, old → new."""
+
+    code: str
+    node: str | None
+    tensor: str | None
+    old: Any
+    new: Any
+    description: str
+
+
+@dataclass
+class CheckContext:
+    """What a check sees: the model, its quantization index, and this rule's parameters."""
+
+    model: Model
+    index: QuantIndex
+    params: dict[str, Any]
+    severity: Severity
+
+    @property
+    def graph(self) -> gs.Graph:
+        return self.model.graph
+
+
+class Rule:
+    """Base class of every rule. Subclasses set the class attributes and implement `check`.
+
+    The class docstring is the rule's documentation shown by `qdq explain`: what it checks, why
+    it matters, and an example.
+    """
+
+    code: ClassVar[str]
+    name: ClassVar[str]
+    message: ClassVar[str]  # a str.format template over the finding's values
+    severity: ClassVar[Severity] = Severity.WARNING
+    fix_safety: ClassVar[FixSafety | None] = None
+    parameters: ClassVar[dict[str, Any]] = {}
+
+    def check(self, ctx: CheckContext) -> Iterable[Finding]:
+        raise NotImplementedError
+
+    def fix(self, ctx: CheckContext, finding: Finding) -> list[Change]:
+        """Apply the fix for one finding to ctx.model.graph and return what changed."""
+        raise NotImplementedError(f"{self.code} has no fix")
+
+    @classmethod
+    def doc(cls) -> str:
+        return inspect.cleandoc(cls.__doc__ or "")
+
+    def finding(
+        self,
+        ctx: CheckContext,
+        node: gs.Node | None,
+        tensors: Iterable[gs.Tensor | str | None] = (),
+        subject: Any = None,
+        fixable: bool = True,
+        **values: Any,
+    ) -> Finding:
+        """Build a finding, formatting the rule's message from the values it reports.
+
+        `fixable=False` marks a finding the rule's fix cannot handle (say, a graph output is involved).
+        """
+        names = tuple(t if isinstance(t, str) else t.name for t in tensors if t is not None)
+        return Finding(
+            code=self.code,
+            message=self.message.format(node=node.name if node is not None else "", **values),
+            severity=ctx.severity,
+            node=node.name if node is not None else None,
+            tensors=names,
+            values=values,
+            fix=self.fix_safety if fixable else None,
+            subject=subject,
+        )
+
+
+RULES: dict[str, type[Rule]] = {}
+
+
+def register(cls: type[Rule]) -> type[Rule]:
+    """Class decorator: make a rule known by its code."""
+    if cls.code in RULES:
+        raise RuntimeError(f"rule code {cls.code} registered twice")
+    RULES[cls.code] = cls
+    return cls
+
+
+def all_rules() -> dict[str, type[Rule]]:
+    """Every registered rule, importing the rule modules on first use."""
+    import qdq.checks  # noqa: F401  (registers the rules)
+
+    return dict(sorted(RULES.items()))

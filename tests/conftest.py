@@ -1,0 +1,69 @@
+"""Shared fixtures: build a model, lint it, apply a rule's fix, run it in onnxruntime."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+
+sys.path.insert(0, str(Path(__file__).parent))
+
+from builders import GraphBuilder  # noqa: E402
+
+from qdq.lint import lint  # noqa: E402
+from qdq.model import Model, load_model, save_model  # noqa: E402
+from qdq.quant_index import QuantIndex  # noqa: E402
+from qdq.rule import CheckContext, all_rules  # noqa: E402
+from qdq.ruleset import load_target  # noqa: E402
+
+
+@pytest.fixture
+def builder() -> GraphBuilder:
+    return GraphBuilder()
+
+
+def lint_codes(model: Model, target: str = "common") -> list[str]:
+    """The codes of all findings, in report order."""
+    return [f.code for f in lint(model, load_target(target)).findings]
+
+
+def findings_of(model: Model, code: str, target: str = "common"):
+    return [f for f in lint(model, load_target(target).narrowed(select=[code])).findings]
+
+
+def apply_fix(model: Model, code: str, target: str = "common") -> list:
+    """Apply one rule's fix to every fixable finding, then clean the graph, as `qdq fix` will."""
+    ruleset = load_target(target)
+    rule = all_rules()[code]()
+    cfg = ruleset.rules[code]
+    ctx = CheckContext(model=model, index=QuantIndex(model), params=cfg.params, severity=cfg.severity)
+    changes = []
+    for finding in list(rule.check(ctx)):
+        if finding.fix is not None:
+            changes.extend(rule.fix(ctx, finding))
+    model.graph.cleanup().toposort()
+    return changes
+
+
+def run_ort(path: Path, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
+    """Run with graph optimisations off, so what runs is exactly what the file says."""
+    options = ort.SessionOptions()
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+    return session.run(None, feeds)
+
+
+def fix_roundtrip(path: Path, code: str, tmp_path: Path, feeds: dict[str, np.ndarray]):
+    """Fix one rule on the model at `path`; return (changes, fixed model, outputs before, outputs after)."""
+    before = run_ort(path, feeds)
+    model = load_model(path)
+    changes = apply_fix(model, code)
+    out = tmp_path / "fixed.onnx"
+    save_model(model, out)
+    onnx.checker.check_model(str(out), full_check=True)
+    after = run_ort(out, feeds)
+    return changes, load_model(out), before, after
