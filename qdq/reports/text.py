@@ -1,0 +1,48 @@
+"""Human-readable terminal report: one line per finding, then a one-line summary."""
+
+from __future__ import annotations
+
+from qdq.lint import LintResult
+from qdq.rule import Finding, FixSafety, Severity
+
+
+def render(result: LintResult, *, fail_on: Severity) -> str:
+    model = str(result.model_path)
+    # Most severe first, then by rule, so findings of one rule sit together.
+    findings = sorted(result.findings, key=lambda f: (-f.severity, f.code, f.node or ""))
+    lines = [finding_line(model, f) for f in findings]
+    lines += [f"note: {note}" for note in result.notes]
+    lines.append(_summary(result, model, fail_on))
+    return "\n".join(lines) + "\n"
+
+
+def finding_line(model: str, finding: Finding) -> str:
+    """`model.onnx: QDQ011 [warning] node: message (fix: exact)`; also used by the JUnit writer."""
+    where = f"{finding.node}: " if finding.node else ""
+    fix = f" (fix: {finding.fix})" if finding.fix else ""
+    return f"{model}: {finding.code} [{finding.severity}] {where}{finding.message}{fix}"
+
+
+def _summary(result: LintResult, model: str, fail_on: Severity) -> str:
+    ruleset = result.ruleset.name
+    if not result.findings:
+        return f"{model}: clean ({_plural(len(result.rules_run), 'rule')} checked, rule set '{ruleset}')"
+    counts = ", ".join(
+        _plural(result.count(sev), str(sev)) for sev in sorted(Severity, reverse=True) if result.count(sev)
+    )
+    line = f"Found {_plural(len(result.findings), 'finding')} ({counts}) in {model} with rule set '{ruleset}'"
+    fixable = [f for f in result.findings if f.fix]
+    if fixable:
+        approximate = sum(1 for f in fixable if f.fix == FixSafety.APPROXIMATE)
+        line += f"; {len(fixable)} fixable by `qdq fix`"
+        if approximate:
+            line += f" ({approximate} approximate)"
+    # Say why the exit code is 0 when every finding is below the threshold.
+    if not result.failing(fail_on):
+        line += f"; none at or above --fail-on {fail_on}"
+    return line
+
+
+def _plural(n: int, noun: str) -> str:
+    # "info" is a mass noun: 2 info, not 2 infos.
+    return f"{n} {noun}" if n == 1 or noun == "info" else f"{n} {noun}s"

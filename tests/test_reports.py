@@ -1,0 +1,376 @@
+"""Report writers: each format must carry the same findings in the shape its consumer expects."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from qdq.lint import LintResult
+from qdq.reports import FORMATS, render, sarif
+from qdq.rule import RULES, Finding, FixSafety, Rule, Severity, all_rules
+from qdq.ruleset import RuleConfig, RuleSet
+
+MODEL = Path("models/model.onnx")
+
+
+class _DummyScale(Rule):
+    """Dummy rule for report tests.
+
+    Only used when no real rules are registered yet.
+    """
+
+    code = "TST001"
+    name = "dummy-scale"
+    message = "{node} has a dummy problem: {why}"
+    severity = Severity.ERROR
+
+
+class _DummyConcat(Rule):
+    """Second dummy rule, so reports have more than one rule to group by."""
+
+    code = "TST002"
+    name = "dummy-concat"
+    message = "{node} is dummy"
+
+
+@pytest.fixture
+def codes(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """Two rule codes: real ones when rules are registered, else dummies registered for this test only."""
+    real = list(all_rules())
+    if len(real) >= 2:
+        return real[:2]
+    for rule in (_DummyScale, _DummyConcat):
+        monkeypatch.setitem(RULES, rule.code, rule)
+    return [_DummyScale.code, _DummyConcat.code]
+
+
+def make_result(codes: list[str], findings: list[Finding], notes: list[str] | None = None) -> LintResult:
+    rules = {code: RuleConfig(code, True, Severity.WARNING, {}) for code in codes}
+    return LintResult(MODEL, RuleSet("npu", "test set", rules), findings, list(codes), notes or [])
+
+
+@pytest.fixture
+def result(codes: list[str]) -> LintResult:
+    a, b = codes
+    return make_result(
+        codes,
+        [
+            Finding(a, "conv1 scale is zero", Severity.ERROR, "conv1", ("conv1_scale",),
+                    {"scale": np.float32(0.0), "shape": np.array([1, 2])}, FixSafety.EXACT),
+            Finding(a, "conv2 scale is NaN", Severity.WARNING, "conv2", ("conv2_scale",),
+                    {"scale": float("nan")}),
+            Finding(b, 'add <&"1"> scales differ', Severity.WARNING, 'add <&"1">', ("t1", "t2"),
+                    {"ratio": 2.0}, FixSafety.APPROXIMATE),
+            Finding(b, "graph-level remark", Severity.INFO, None),
+        ],
+        notes=["opset 13 model"],
+    )
+
+
+def test_render_dispatches_every_format(result: LintResult) -> None:
+    for fmt in FORMATS:
+        out = render(result, fmt, fail_on=Severity.ERROR)
+        assert out.endswith("\n") and "conv1" in out
+    with pytest.raises(ValueError, match="unknown report format"):
+        render(result, "yaml", fail_on=Severity.ERROR)
+
+
+# --- text ---------------------------------------------------------------------------------------
+
+
+def test_text_lines_and_summary(result: LintResult, codes: list[str]) -> None:
+    lines = render(result, "text", fail_on=Severity.WARNING).splitlines()
+    a, b = codes
+    assert lines[0] == f"models/model.onnx: {a} [error] conv1: conv1 scale is zero (fix: exact)"
+    assert f"models/model.onnx: {b} [info] graph-level remark" in lines
+    # Most severe first: the info finding comes after every warning.
+    assert lines.index(f"models/model.onnx: {b} [info] graph-level remark") == 3
+    assert "note: opset 13 model" in lines
+    assert lines[-1] == (
+        "Found 4 findings (1 error, 2 warnings, 1 info) in models/model.onnx with rule set 'npu'; "
+        "2 fixable by `qdq fix` (1 approximate)"
+    )
+
+
+def test_text_says_when_nothing_reaches_the_threshold(codes: list[str]) -> None:
+    only_info = make_result(codes, [Finding(codes[0], "fyi", Severity.INFO, "n")])
+    summary = render(only_info, "text", fail_on=Severity.ERROR).splitlines()[-1]
+    assert summary.startswith("Found 1 finding (1 info)")
+    assert summary.endswith("none at or above --fail-on error")
+
+
+def test_text_clean_model(codes: list[str]) -> None:
+    out = render(make_result(codes, []), "text", fail_on=Severity.ERROR)
+    assert out == "models/model.onnx: clean (2 rules checked, rule set 'npu')\n"
+
+
+# --- json ---------------------------------------------------------------------------------------
+
+
+def _strict_loads(text: str) -> dict:
+    def reject(token: str) -> None:
+        raise AssertionError(f"non-standard JSON constant {token}")
+
+    return json.loads(text, parse_constant=reject)
+
+
+def test_json_document(result: LintResult, codes: list[str]) -> None:
+    doc = _strict_loads(render(result, "json", fail_on=Severity.WARNING))
+    assert list(doc) == ["version", "tool", "model", "ruleset", "rules_checked", "summary", "notes", "findings"]
+    assert doc["version"] == 1 and doc["tool"] == "qdq"
+    assert doc["model"] == "models/model.onnx" and doc["ruleset"] == "npu"
+    assert doc["rules_checked"] == codes
+    assert doc["summary"] == {"error": 1, "warning": 2, "info": 1, "failing": 3}
+    assert doc["notes"] == ["opset 13 model"]
+    assert [f["node"] for f in doc["findings"]] == [f.node for f in result.findings]
+    first = doc["findings"][0]
+    assert first == {
+        "code": codes[0], "severity": "error", "message": "conv1 scale is zero", "node": "conv1",
+        "tensors": ["conv1_scale"], "values": {"scale": 0.0, "shape": [1, 2]}, "fix": "exact",
+    }
+    assert doc["findings"][1]["values"] == {"scale": "nan"}
+
+
+def test_json_failing_follows_threshold(result: LintResult) -> None:
+    def failing(level: Severity) -> int:
+        return _strict_loads(render(result, "json", fail_on=level))["summary"]["failing"]
+
+    assert (failing(Severity.ERROR), failing(Severity.WARNING), failing(Severity.INFO)) == (1, 3, 4)
+
+
+# --- sarif --------------------------------------------------------------------------------------
+
+
+def _sarif(result: LintResult) -> dict:
+    return _strict_loads(render(result, "sarif", fail_on=Severity.ERROR))
+
+
+def test_sarif_structure_for_github(result: LintResult, codes: list[str]) -> None:
+    doc = _sarif(result)
+    assert doc["version"] == "2.1.0"
+    assert doc["$schema"] == "https://json.schemastore.org/sarif-2.1.0.json"
+    assert len(doc["runs"]) == 1
+    run = doc["runs"][0]
+    driver = run["tool"]["driver"]
+    assert driver["name"] == "qdq" and driver["version"]
+    rule_ids = [r["id"] for r in driver["rules"]]
+    assert rule_ids == codes
+    registry = all_rules()
+    for rule in driver["rules"]:
+        assert rule["name"] == registry[rule["id"]].name
+        assert rule["shortDescription"]["text"] and rule["fullDescription"]["text"]
+        assert rule["help"]["text"] == registry[rule["id"]].doc()
+        assert rule["defaultConfiguration"]["level"] == "warning"  # from the rule set, not the class
+
+    assert len(run["results"]) == len(result.findings)
+    for res, finding in zip(run["results"], result.findings):
+        assert res["ruleId"] == finding.code
+        assert rule_ids[res["ruleIndex"]] == res["ruleId"]
+        assert res["level"] in {"error", "warning", "note"}
+        assert res["message"]["text"] == finding.message
+        (location,) = res["locations"]
+        physical = location["physicalLocation"]
+        assert physical["artifactLocation"]["uri"] == "models/model.onnx"
+        assert physical["region"]["startLine"] == 1
+        if finding.node:
+            assert location["logicalLocations"] == [{"fullyQualifiedName": finding.node, "kind": "member"}]
+        else:
+            assert "logicalLocations" not in location
+        assert res["properties"]["tensors"] == list(finding.tensors)
+    assert [r["level"] for r in run["results"]] == ["error", "warning", "warning", "note"]
+    assert run["invocations"][0]["toolExecutionNotifications"][0]["message"]["text"] == "opset 13 model"
+
+
+def test_sarif_fingerprints_stable_and_distinct(result: LintResult) -> None:
+    def prints(doc: dict) -> list[str]:
+        return [r["partialFingerprints"]["qdqFinding/v1"] for r in doc["runs"][0]["results"]]
+
+    first, second = prints(_sarif(result)), prints(_sarif(result))
+    assert first == second
+    assert len(set(first)) == len(first)  # conv1 and conv2 differ although their rule is the same
+    code = result.findings[0].code
+    assert first[0] == hashlib.sha256(f"{code}:conv1:conv1_scale".encode()).hexdigest()
+
+
+def test_sarif_tolerates_codes_missing_from_registry(codes: list[str]) -> None:
+    stray = make_result(codes, [Finding("ZZZ999", "from a plugin", Severity.WARNING, "n1")])
+    run = _sarif(stray)["runs"][0]
+    ids = [r["id"] for r in run["tool"]["driver"]["rules"]]
+    assert ids == [*codes, "ZZZ999"]
+    assert run["results"][0]["ruleIndex"] == 2
+    assert run["tool"]["driver"]["rules"][2]["name"] == "ZZZ999"
+
+
+def test_sarif_truncates_at_github_limit(
+    result: LintResult, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    assert sarif.MAX_RESULTS == 25_000
+    monkeypatch.setattr(sarif, "MAX_RESULTS", 2)
+    result.findings.reverse()  # least severe first: the writer must still keep the worst ones
+    run = _sarif(result)["runs"][0]
+    assert [r["level"] for r in run["results"]] == ["error", "warning"]
+    assert run["properties"]["droppedResults"] == 2
+    warning = run["invocations"][0]["toolExecutionNotifications"][-1]
+    assert warning["level"] == "warning" and "2 of 4 results dropped" in warning["message"]["text"]
+
+
+def test_sarif_uris() -> None:
+    assert sarif.artifact_uri(Path("my models/m.onnx")) == "my%20models/m.onnx"
+    assert sarif.artifact_uri(Path("/data/m.onnx")) == "file:///data/m.onnx"
+
+
+# The parts of the SARIF 2.1.0 schema GitHub code scanning relies on.
+_SARIF_SUBSET = {
+    "type": "object",
+    "required": ["version", "runs"],
+    "properties": {
+        "version": {"const": "2.1.0"},
+        "runs": {
+            "type": "array",
+            "minItems": 1,
+            "maxItems": 20,
+            "items": {
+                "type": "object",
+                "required": ["tool", "results"],
+                "properties": {
+                    "tool": {
+                        "type": "object",
+                        "required": ["driver"],
+                        "properties": {
+                            "driver": {
+                                "type": "object",
+                                "required": ["name", "rules"],
+                                "properties": {
+                                    "name": {"type": "string"},
+                                    "version": {"type": "string"},
+                                    "rules": {
+                                        "type": "array",
+                                        "items": {
+                                            "type": "object",
+                                            "required": ["id", "shortDescription"],
+                                            "properties": {
+                                                "id": {"type": "string"},
+                                                "shortDescription": {
+                                                    "type": "object",
+                                                    "required": ["text"],
+                                                },
+                                                "defaultConfiguration": {
+                                                    "properties": {
+                                                        "level": {"enum": ["none", "note", "warning", "error"]}
+                                                    }
+                                                },
+                                            },
+                                        },
+                                    },
+                                },
+                            }
+                        },
+                    },
+                    "results": {
+                        "type": "array",
+                        "maxItems": 25000,
+                        "items": {
+                            "type": "object",
+                            "required": ["ruleId", "message", "locations"],
+                            "properties": {
+                                "ruleId": {"type": "string"},
+                                "ruleIndex": {"type": "integer", "minimum": 0},
+                                "level": {"enum": ["none", "note", "warning", "error"]},
+                                "message": {"type": "object", "required": ["text"]},
+                                "locations": {
+                                    "type": "array",
+                                    "minItems": 1,
+                                    "maxItems": 1000,
+                                    "items": {
+                                        "type": "object",
+                                        "required": ["physicalLocation"],
+                                        "properties": {
+                                            "physicalLocation": {
+                                                "type": "object",
+                                                "required": ["artifactLocation", "region"],
+                                                "properties": {
+                                                    "artifactLocation": {
+                                                        "type": "object",
+                                                        "required": ["uri"],
+                                                        "properties": {"uri": {"type": "string"}},
+                                                    },
+                                                    "region": {
+                                                        "type": "object",
+                                                        "required": ["startLine"],
+                                                        "properties": {"startLine": {"type": "integer", "minimum": 1}},
+                                                    },
+                                                },
+                                            }
+                                        },
+                                    },
+                                },
+                                "partialFingerprints": {
+                                    "type": "object",
+                                    "additionalProperties": {"type": "string"},
+                                },
+                            },
+                        },
+                    },
+                },
+            },
+        },
+    },
+}
+
+
+def test_sarif_matches_schema_subset(result: LintResult) -> None:
+    jsonschema = pytest.importorskip("jsonschema")
+    jsonschema.validate(_sarif(result), _SARIF_SUBSET)
+
+
+# --- junit --------------------------------------------------------------------------------------
+
+
+def _junit(result: LintResult, fail_on: Severity) -> ET.Element:
+    return ET.fromstring(render(result, "junit", fail_on=fail_on).encode())
+
+
+@pytest.mark.parametrize("fail_on", list(Severity))
+def test_junit_failures_follow_threshold(result: LintResult, codes: list[str], fail_on: Severity) -> None:
+    root = _junit(result, fail_on)
+    assert root.tag == "testsuites"
+    (suite,) = root.findall("testsuite")
+    assert suite.get("name") == "qdq lint models/model.onnx"
+    cases = suite.findall("testcase")
+    registry = all_rules()
+    assert [c.get("name") for c in cases] == [f"{code} {registry[code].name}" for code in codes]
+    assert {c.get("classname") for c in cases} == {"qdq.npu"}
+
+    failures = suite.findall("testcase/failure")
+    assert len(failures) == len(result.failing(fail_on))
+    assert [f.get("type") for f in failures] == [f.code for f in result.failing(fail_on)]
+    failed_cases = sum(1 for c in cases if c.find("failure") is not None)
+    assert suite.attrib == {
+        "name": suite.get("name"), "tests": "2", "failures": str(failed_cases), "errors": "0", "skipped": "0",
+    }
+    below = [f for f in result.findings if f.severity < fail_on]
+    out = "\n".join(c.findtext("system-out", "") for c in cases)
+    assert all(f.message in out for f in below)
+    assert len([line for line in out.splitlines() if line]) == len(below)
+
+
+def test_junit_escapes_names_and_messages(result: LintResult, codes: list[str]) -> None:
+    result.findings.append(Finding(codes[0], "bad \x00 byte", Severity.ERROR, "n\x1bode"))
+    suite = _junit(result, Severity.WARNING).find("testsuite")
+    messages = [f.get("message") for f in suite.iter("failure")]
+    assert 'add <&"1">: add <&"1"> scales differ' in messages
+    assert "n\ufffdode: bad \ufffd byte" in messages
+    conv1 = next(f for f in suite.iter("failure") if f.get("message").startswith("conv1"))
+    assert "tensors: conv1_scale" in conv1.text and "scale: 0.0" in conv1.text
+    assert suite.findtext("system-out") == "note: opset 13 model"
+
+
+def test_junit_clean_model(codes: list[str]) -> None:
+    suite = _junit(make_result(codes, []), Severity.INFO).find("testsuite")
+    assert suite.get("tests") == "2" and suite.get("failures") == "0"
+    assert suite.find("testcase/failure") is None
