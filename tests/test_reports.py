@@ -86,14 +86,16 @@ def test_render_dispatches_every_format(result: LintResult) -> None:
 def test_text_lines_and_summary(result: LintResult, codes: list[str]) -> None:
     lines = render(result, "text", fail_on=Severity.WARNING).splitlines()
     a, b = codes
-    assert lines[0] == f"models/model.onnx: {a} [error] conv1: conv1 scale is zero (fix: exact)"
+    # The message names its node already, so the node is not repeated in front of it.
+    assert lines[0] == f"models/model.onnx: {a} [error] conv1 scale is zero (fix: exact)"
     assert f"models/model.onnx: {b} [info] graph-level remark" in lines
     # Most severe first: the info finding comes after every warning.
     assert lines.index(f"models/model.onnx: {b} [info] graph-level remark") == 3
     assert "note: opset 13 model" in lines
+    assert lines[-2] == f"By rule: {', '.join(sorted(f'{c} x2' for c in (a, b)))}"
     assert lines[-1] == (
         "Found 4 findings (1 error, 2 warnings, 1 info) in models/model.onnx with rule set 'npu'; "
-        "2 fixable by `qdq fix` (1 approximate)"
+        "2 with an automatic fix (1 approximate)"
     )
 
 

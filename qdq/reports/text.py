@@ -12,13 +12,15 @@ def render(result: LintResult, *, fail_on: Severity) -> str:
     findings = sorted(result.findings, key=lambda f: (-f.severity, f.code, f.node or ""))
     lines = [finding_line(model, f) for f in findings]
     lines += [f"note: {note}" for note in result.notes]
+    lines += _by_rule(result)
     lines.append(_summary(result, model, fail_on))
     return "\n".join(lines) + "\n"
 
 
 def finding_line(model: str, finding: Finding) -> str:
     """`model.onnx: QDQ011 [warning] node: message (fix: exact)`; also used by the JUnit writer."""
-    where = f"{finding.node}: " if finding.node else ""
+    # Most messages already name their node; repeat it only where the message does not.
+    where = f"{finding.node}: " if finding.node and finding.node not in finding.message else ""
     fix = f" (fix: {finding.fix})" if finding.fix else ""
     return f"{model}: {finding.code} [{finding.severity}] {where}{finding.message}{fix}"
 
@@ -34,13 +36,23 @@ def _summary(result: LintResult, model: str, fail_on: Severity) -> str:
     fixable = [f for f in result.findings if f.fix]
     if fixable:
         approximate = sum(1 for f in fixable if f.fix == FixSafety.APPROXIMATE)
-        line += f"; {len(fixable)} fixable by `qdq fix`"
+        line += f"; {len(fixable)} with an automatic fix"
         if approximate:
             line += f" ({approximate} approximate)"
     # Say why the exit code is 0 when every finding is below the threshold.
     if not result.failing(fail_on):
         line += f"; none at or above --fail-on {fail_on}"
     return line
+
+
+def _by_rule(result: LintResult) -> list[str]:
+    """A count per rule, so a long report still shows at a glance what kind of problem it is."""
+    counts: dict[str, int] = {}
+    for finding in result.findings:
+        counts[finding.code] = counts.get(finding.code, 0) + 1
+    if len(result.findings) < 2:
+        return []
+    return ["By rule: " + ", ".join(f"{code} x{n}" for code, n in sorted(counts.items()))]
 
 
 def _plural(n: int, noun: str) -> str:
