@@ -11,7 +11,7 @@ def pos(scale: float) -> float:
     """The fix position of a scale: ``scale == 2 ** -pos``. Not rounded; see `is_pow2`."""
     if not (scale > 0 and math.isfinite(scale)):
         raise ValueError(f"scale must be positive and finite, got {scale!r}")
-    return -math.log2(scale)
+    return 0.0 - math.log2(scale)  # not `-log2`: a scale of 1.0 is position 0.0, not -0.0
 
 
 def is_pow2(scale: float) -> bool:

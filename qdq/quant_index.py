@@ -41,8 +41,21 @@ class ConstantSource:
     @property
     def cast_to(self) -> int | None:
         """The element type the last Cast on the way converts to, if any."""
-        casts = [n for n in self.via if n.op == "Cast"]
-        return casts[0].attrs.get("to") if casts else None
+        casts = self.casts
+        return casts[-1] if casts else None
+
+    @property
+    def casts(self) -> list[int]:
+        """The element types of every Cast on the way, in data-flow order (constant first)."""
+        # `via` runs from the Q/DQ back towards the constant.
+        return [int(n.attrs.get("to")) for n in reversed(self.via) if n.op == "Cast"]
+
+    @property
+    def origin(self) -> gs.Constant | gs.Node:
+        """What identifies the stored value: the initializer, or the Constant node that holds it."""
+        if self.via and self.via[-1].op == "Constant":
+            return self.via[-1]
+        return self.constant
 
 
 @dataclass
@@ -71,6 +84,13 @@ class QParams:
     def dynamic(self) -> bool:
         """True when scale or zero-point is computed at run time instead of being a constant."""
         return self.scale_source is None or (self.zero_point_input is not None and self.zero_point_source is None)
+
+    @property
+    def data_rank(self) -> int | None:
+        """The rank of the tensor this node quantizes (or dequantizes), when it is known."""
+        data = self.node.inputs[0] if self.node.inputs else None
+        shape = data.shape if data is not None else None
+        return len(shape) if shape is not None else None
 
     @property
     def scale_shape(self) -> tuple[int, ...] | None:
@@ -117,15 +137,17 @@ class QParams:
             return self.scale_input is other.scale_input and self.zero_point_input is other.zero_point_input
         if self.elem_type != other.elem_type or self.block_size != other.block_size:
             return False
-        if self.granularity != PER_TENSOR and self.axis != other.axis:
-            return False
+        if self.granularity != PER_TENSOR:
+            rank = self.data_rank if self.data_rank is not None else other.data_rank
+            if _normalized_axis(self.axis, rank) != _normalized_axis(other.axis, rank):
+                return False
         return _flat_equal(self.scale, other.scale) and _flat_equal(self.zero_point, other.zero_point)
 
     def shares_initializers(self, other: QParams) -> bool:
         """True when both nodes read the very same scale and zero-point constants."""
-        same_scale = _constant_of(self.scale_source) is _constant_of(other.scale_source) is not None
+        same_scale = _origin_of(self.scale_source) is _origin_of(other.scale_source) is not None
         same_zp = (self.zero_point_input is None and other.zero_point_input is None) or (
-            _constant_of(self.zero_point_source) is _constant_of(other.zero_point_source) is not None
+            _origin_of(self.zero_point_source) is _origin_of(other.zero_point_source) is not None
         )
         return same_scale and same_zp
 
@@ -158,7 +180,7 @@ class QTensor:
     @property
     def stored(self) -> bool:
         """True when the integer values are stored in the model (a quantized weight or bias)."""
-        return isinstance(self.integer, gs.Constant)
+        return self.quantize is None and resolve_constant(self.integer) is not None
 
 
 @dataclass
@@ -215,7 +237,7 @@ class QuantIndex:
         """The DQ whose output reaches this tensor, looking back through pass-through nodes."""
         while len(tensor.inputs) == 1:
             producer = tensor.inputs[0]
-            if producer.op == DEQUANTIZE:
+            if producer.op == DEQUANTIZE and id(producer) in self._params:
                 return producer
             if not self.is_pass_through(producer) or not producer.inputs:
                 return None
@@ -237,7 +259,14 @@ class QuantIndex:
 
     def quantizes_of(self, tensor: gs.Tensor) -> list[gs.Node]:
         """The Q nodes that quantize this float tensor."""
-        return [n for n in tensor.outputs if n.op == QUANTIZE and n.inputs and n.inputs[0] is tensor]
+        return [
+            n
+            for n in tensor.outputs
+            if n.op == QUANTIZE and id(n) in self._params and n.inputs and n.inputs[0] is tensor
+        ]
+
+    def _is_indexed(self, node: gs.Node, op: str) -> bool:
+        return node.op == op and id(node) in self._params
 
     def is_graph_output(self, tensor: gs.Tensor) -> bool:
         return id(tensor) in self.graph_outputs
@@ -254,7 +283,7 @@ class QuantIndex:
                 continue
             out = q.outputs[0]
             seen.add(id(out))
-            dqs = [c for c, _ in self.consumers_through(out) if c.op == DEQUANTIZE]
+            dqs = [c for c, _ in self.consumers_through(out) if self._is_indexed(c, DEQUANTIZE)]
             result.append(QTensor(out, q, dqs, q.inputs[0] if q.inputs else None))
         for dq in self.dequantizes:
             source = dq.inputs[0] if dq.inputs else None
@@ -264,7 +293,7 @@ class QuantIndex:
             if origin is not None and id(origin) in seen:
                 continue
             seen.add(id(source))
-            dqs = [c for c in source.outputs if c.op == DEQUANTIZE]
+            dqs = [c for c in source.outputs if self._is_indexed(c, DEQUANTIZE)]
             result.append(QTensor(source, None, dqs, None))
         return result
 
@@ -276,7 +305,7 @@ class QuantIndex:
             inputs.append(self.params(dq) if dq is not None else None)
         outputs: list[list[QParams]] = []
         for tensor in node.outputs:
-            qs = [c for c, _ in self.consumers_through(tensor) if c.op == QUANTIZE]
+            qs = [c for c, _ in self.consumers_through(tensor) if self._is_indexed(c, QUANTIZE)]
             outputs.append([self.params(q) for q in qs])
         return NodeQuant(node, inputs, outputs)
 
@@ -357,8 +386,8 @@ def _constant_node_value(node: gs.Node) -> gs.Constant | None:
 
 def _source_values(model: Model, source: ConstantSource) -> np.ndarray:
     values = model.constant_values(source.constant)
-    if source.cast_to:
-        values = values.astype(helper.tensor_dtype_to_np_dtype(source.cast_to))
+    for to in source.casts:
+        values = np.asarray(values).astype(helper.tensor_dtype_to_np_dtype(to))
     return np.asarray(values)
 
 
@@ -377,10 +406,16 @@ def _elem_type_of(index: QuantIndex, tensor: gs.Tensor) -> int | None:
         producer = tensor.inputs[0]
         if producer.op == QUANTIZE and id(producer) in index._params:
             return index._params[id(producer)].elem_type
+        if producer.op == DEQUANTIZE and id(producer) in index._params:
+            return _dequantized_type(index._params[id(producer)])
         if producer.op == "Cast":
             return producer.attrs.get("to")
         if producer.op == "Identity" and producer.inputs:
             return _elem_type_of(index, producer.inputs[0])
+        if producer.op == "Constant":
+            value = _constant_node_value(producer)
+            if value is not None:
+                return onnx_type_of(value)
     if isinstance(tensor.dtype, int):
         return tensor.dtype
     if tensor.dtype is not None:
@@ -391,12 +426,27 @@ def _elem_type_of(index: QuantIndex, tensor: gs.Tensor) -> int | None:
     return None
 
 
+def _dequantized_type(params: QParams) -> int | None:
+    """The float type a DQ produces: its `output_dtype` (opset 23) or else its scale's type."""
+    declared = int(params.node.attrs.get("output_dtype", 0) or 0)
+    if declared:
+        return declared
+    source = params.scale_source
+    if source is None:
+        return None
+    return source.cast_to or onnx_type_of(source.constant)
+
+
 def _is_empty_input(tensor: gs.Tensor) -> bool:
     return tensor.name == "" and not isinstance(tensor, gs.Constant)
 
 
-def _constant_of(source: ConstantSource | None) -> gs.Constant | None:
-    return source.constant if source is not None else None
+def _origin_of(source: ConstantSource | None) -> gs.Constant | gs.Node | None:
+    return source.origin if source is not None else None
+
+
+def _normalized_axis(axis: int, rank: int | None) -> int:
+    return axis + rank if axis < 0 and rank is not None else axis
 
 
 def _flat_equal(a: np.ndarray | None, b: np.ndarray | None) -> bool:

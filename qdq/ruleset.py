@@ -7,6 +7,7 @@ select/ignore (code prefixes, as in ruff) on the command line or in `[tool.qdq]`
 
 from __future__ import annotations
 
+import copy
 import importlib.resources
 import tomllib
 from dataclasses import dataclass, field
@@ -38,6 +39,8 @@ class RuleSet:
     description: str
     rules: dict[str, RuleConfig]
     sources: list[str] = field(default_factory=list)
+    # The [params] of this set and the sets it extends: rules that later sets turn on get them too.
+    params: dict[str, Any] = field(default_factory=dict)
 
     def enabled(self) -> list[tuple[Rule, RuleConfig]]:
         """Instances of the enabled rules, in code order."""
@@ -59,7 +62,7 @@ class RuleSet:
             if any(code.startswith(s) for s in ignore) or "ALL" in ignore:
                 on = False
             rules[code] = RuleConfig(code, on, cfg.severity, cfg.params)
-        return RuleSet(self.name, self.description, rules, self.sources)
+        return RuleSet(self.name, self.description, rules, self.sources, self.params)
 
 
 def builtin_rules_dir() -> Path:
@@ -102,7 +105,16 @@ def _resolve(path: Path, chain: tuple[Path, ...]) -> RuleSet:
     else:
         raise RuleSetError(f"{path}: `extends` must be a target name or a path")
     merged = _merge(base, data, path)
-    return merged.narrowed(_str_list(data, "select", path), _str_list(data, "ignore", path))
+    select, ignore = _str_list(data, "select", path), _str_list(data, "ignore", path)
+    try:
+        narrowed = merged.narrowed(select, ignore)
+    except RuleSetError as exc:
+        raise RuleSetError(f"{path}: {exc}") from None
+    # An exact `enabled` in this file is more specific than its own select/ignore prefixes.
+    for code, table in data.get("rules", {}).items():
+        if "enabled" in table:
+            narrowed.rules[code].enabled = table["enabled"]
+    return narrowed
 
 
 def _extends_path(path: Path, name: str) -> Path:
@@ -124,6 +136,7 @@ def _merge(base: RuleSet, data: dict, path: Path) -> RuleSet:
     for key in shared:
         if key not in declared:
             raise RuleSetError(f"{path}: [params] {key!r} is not a parameter of any rule")
+    inherited = {**base.params, **shared}
     rules = {code: RuleConfig(code, c.enabled, c.severity, dict(c.params)) for code, c in base.rules.items()}
     # Shared params apply to every rule (inherited or new) that declares them.
     for code, cfg in rules.items():
@@ -138,7 +151,10 @@ def _merge(base: RuleSet, data: dict, path: Path) -> RuleSet:
             raise RuleSetError(f"{path}: [rules.{code}] must be a table")
         rule = registry[code]
         cfg = rules.get(code) or RuleConfig(
-            code, True, rule.severity, {**rule.parameters, **_typed_params(rule, shared, path, strict=False)}
+            code,
+            True,
+            rule.severity,
+            {**copy.deepcopy(rule.parameters), **_typed_params(rule, inherited, path, strict=False)},
         )
         if "enabled" in table:
             if not isinstance(table["enabled"], bool):
@@ -154,7 +170,7 @@ def _merge(base: RuleSet, data: dict, path: Path) -> RuleSet:
         rules[code] = cfg
     name = data.get("name") or path.stem
     description = data.get("description", base.description)
-    return RuleSet(str(name), str(description), rules, base.sources + [str(path)])
+    return RuleSet(str(name), str(description), rules, base.sources + [str(path)], inherited)
 
 
 def _typed_params(rule: type[Rule], values: dict, path: Path, strict: bool) -> dict[str, Any]:
@@ -167,19 +183,29 @@ def _typed_params(rule: type[Rule], values: dict, path: Path, strict: bool) -> d
             continue
         default = rule.parameters[key]
         if not _same_kind(default, value):
-            raise RuleSetError(
-                f"{path}: {rule.code}.{key} must be {type(default).__name__}, got {type(value).__name__}"
-            )
-        out[key] = value
+            raise RuleSetError(f"{path}: {rule.code}.{key} must be {_kind(default)}, got {_kind(value)}")
+        out[key] = float(value) if isinstance(default, float) else value
     return out
 
 
 def _same_kind(default: Any, value: Any) -> bool:
+    """Whether a TOML value fits a parameter's default: an int is a float, a float is no int."""
     if isinstance(default, bool) or isinstance(value, bool):
         return isinstance(default, bool) and isinstance(value, bool)
-    if isinstance(default, (int, float)):
+    if isinstance(default, int):
+        return isinstance(value, int)
+    if isinstance(default, float):
         return isinstance(value, (int, float))
+    if isinstance(default, list):
+        return isinstance(value, list) and (not default or all(_same_kind(default[0], v) for v in value))
     return isinstance(value, type(default))
+
+
+def _kind(value: Any) -> str:
+    if isinstance(value, list):
+        kinds = sorted({_kind(v) for v in value})
+        return f"list of {' and '.join(kinds)}" if kinds else "list"
+    return type(value).__name__
 
 
 def _str_list(data: dict, key: str, path: Path) -> list[str]:
@@ -219,14 +245,18 @@ _PROJECT_KEYS = {"target", "rules", "select", "ignore", "fail-on"}
 
 
 def find_project_config(start: Path) -> ProjectConfig:
-    """Read `[tool.qdq]` from the first pyproject.toml found walking up from `start`."""
+    """Read `[tool.qdq]` from the nearest pyproject.toml that has one, walking up from `start`.
+
+    As in ruff and pytest, a pyproject.toml without `[tool.qdq]` (a nested package's) is skipped.
+    """
+    start = Path(start).resolve()  # a relative path has no parents to walk up
     for folder in [start, *start.parents]:
         candidate = folder / "pyproject.toml"
         if candidate.is_file():
-            data = _read_toml(candidate).get("tool", {}).get("qdq")
-            if data is None:
-                return ProjectConfig()
-            return _project_config(candidate, data)
+            tool = _read_toml(candidate).get("tool", {})
+            data = tool.get("qdq") if isinstance(tool, dict) else None
+            if data is not None:
+                return _project_config(candidate, data)
     return ProjectConfig()
 
 
@@ -239,6 +269,11 @@ def _project_config(path: Path, data: Any) -> ProjectConfig:
     for key in ("target", "rules", "fail-on"):
         if key in data and not isinstance(data[key], str):
             raise RuleSetError(f"{path}: [tool.qdq] {key} must be a string")
+    if "fail-on" in data:
+        try:
+            Severity.parse(data["fail-on"])
+        except ValueError as exc:
+            raise RuleSetError(f"{path}: [tool.qdq] fail-on: {exc}") from None
     rules = (path.parent / data["rules"]) if "rules" in data else None
     return ProjectConfig(
         path=path,

@@ -71,7 +71,12 @@ class GraphBuilder:
     def weight(self, name: str, values: np.ndarray, scale=0.02, axis: int | None = None) -> str:
         """An int8 weight initializer behind a DequantizeLinear (per-axis when `axis` is given)."""
         scale = np.asarray(scale, dtype=np.float32)
-        q = np.clip(np.round(values / (scale.reshape(-1, *[1] * (values.ndim - 1)) if axis == 0 and scale.ndim else scale)), -127, 127)
+        if axis is not None and scale.ndim:
+            broadcast = [1] * values.ndim
+            broadcast[axis] = -1
+            q = np.clip(np.round(values / scale.reshape(broadcast)), -127, 127)
+        else:
+            q = np.clip(np.round(values / scale), -127, 127)
         self.init(name + "_q", q.astype(np.int8))
         attrs = {"axis": axis} if axis is not None else {}
         params = self.qparams(name, scale, 0, np.int8)
