@@ -334,14 +334,19 @@ class QuantIndex:
             zero_point_source=zp_source,
             axis=int(node.attrs.get("axis", 1)),
             block_size=int(node.attrs.get("block_size", 0) or 0),
-            elem_type=self._quantized_type(node, zp_source),
+            elem_type=self._quantized_type(node, zero_point_input, zp_source),
             model=self.model,
         )
 
-    def _quantized_type(self, node: gs.Node, zp_source: ConstantSource | None) -> int:
+    def _quantized_type(
+        self, node: gs.Node, zero_point_input: gs.Tensor | None, zp_source: ConstantSource | None
+    ) -> int:
         """The integer type of a Q's output or a DQ's input, following the spec's defaulting."""
         if zp_source is not None:
             return zp_source.cast_to or onnx_type_of(zp_source.constant)
+        computed = _elem_type_of(self, zero_point_input) if zero_point_input is not None else None
+        if computed:
+            return computed
         if node.op == QUANTIZE:
             return int(node.attrs.get("output_dtype", 0) or TensorProto.UINT8)
         source = node.inputs[0] if node.inputs else None

@@ -633,3 +633,15 @@ def test_reads_only_the_constants_asked_for(tmp_path, monkeypatch):
     assert "w_q" not in read
     # Asked for, the weight is read from the data file next to the model.
     assert m.constant_values(tensor(m, "w_q")).shape == (64, 64)
+
+
+def test_computed_zero_point_gives_its_own_type(tmp_path: Path) -> None:
+    # A run-time zero-point still fixes the quantized type: int32 here, not the uint8 default.
+    b = GraphBuilder()
+    zp = b.input("zp", [], TensorProto.INT32)
+    out = b.node("QuantizeLinear", [b.input("x", [2]), b.init("s", np.float32(0.5)), zp], name="q")
+    b.output(out, [2], TensorProto.INT32)
+    model, index = build(b, tmp_path)
+    params = index.params(node(model, "q"))
+    assert params.dynamic
+    assert params.elem_type == TensorProto.INT32

@@ -13,7 +13,7 @@ import numpy as np
 import onnx_graphsurgeon as gs
 from onnx import helper
 
-from qdq.quant_index import PER_TENSOR, ConstantSource, QParams
+from qdq.quant_index import PER_TENSOR, ConstantSource, QParams, QuantIndex
 from qdq.rewrite import set_input, unique_name
 from qdq.rule import Change, CheckContext, Finding, FixSafety, Rule, Severity, register
 
@@ -53,7 +53,9 @@ class NonScalarQParams(Rule):
             if p.granularity != PER_TENSOR or p.block_size:
                 continue
             for slot, tensor, source in _param_slots(p):
-                if source is not None and len(source.constant.shape) > 0:
+                shape = tuple(source.constant.shape) if source is not None else ()
+                # Only 1-element tensors: an empty scale is QDQ001's error and has no scalar form.
+                if shape and int(np.prod(shape)) == 1:
                     yield self.finding(
                         ctx, p.node, [tensor], subject=(p, slot, source), op=p.node.op,
                         what=_slot_name(slot), shape=list(source.constant.shape),
@@ -65,24 +67,77 @@ class NonScalarQParams(Rule):
         old_shape = list(constant.shape)
         if not old_shape:
             return []  # an earlier finding on a shared constant already fixed it
-        values = ctx.model.constant_values(constant).reshape(())
-        if _only_qparam_readers(constant):
-            constant.values = values
-            target = constant.name
+        # What the graph reads: the initializer itself, or the output of the Constant node holding it.
+        held = source.via[-1].outputs[0] if source.via and source.via[-1].op == "Constant" else constant
+        chain = _qparam_only_chain(held, ctx.index)
+        if chain is not None:
+            # Every reader is a Q/DQ parameter: reshape in place, and the shapes known along the way.
+            constant.values = ctx.model.constant_values(constant).reshape(())
+            for tensor in chain:
+                if isinstance(tensor, gs.Variable) and tensor.shape is not None:
+                    tensor.shape = []
+            target = held.name
         else:
-            scalar = gs.Constant(unique_name(ctx.graph, f"{constant.name}_scalar"), values)
+            # Someone else reads the [1] tensor too: give this Q/DQ its own scalar (one per constant),
+            # with the values the Q/DQ saw, Casts on the way applied.
+            values = _values_through(ctx, source).reshape(())
+            scalar = _existing_constant(ctx.graph, f"{constant.name}_scalar", values)
+            if scalar is None:
+                scalar = gs.Constant(unique_name(ctx.graph, f"{constant.name}_scalar"), values)
             set_input(p.node, slot, scalar)
             target = scalar.name
         return [Change(self.code, p.node.name, target, old_shape, [], f"{_slot_name(slot)} reshaped to a scalar")]
 
 
-def _only_qparam_readers(tensor: gs.Tensor) -> bool:
-    """True when every reader uses the tensor as a Q/DQ scale or zero-point (so reshaping it is safe)."""
-    return all(
-        (r.op in ("QuantizeLinear", "DequantizeLinear") and r.inputs[0] is not tensor)
-        or (r.op in ("Identity", "Cast") and all(_only_qparam_readers(o) for o in r.outputs))
-        for r in tensor.outputs
-    )
+def _qparam_only_chain(tensor: gs.Tensor, index: QuantIndex) -> list[gs.Tensor] | None:
+    """The tensors from `tensor` through Identity/Cast to Q/DQ parameter inputs, or None when anything
+    else reads them (another op, a Q/DQ data input, a blocked Q/DQ, or a graph output): then reshaping
+    in place would change what that reader sees."""
+    if index.is_graph_output(tensor):
+        return None
+    chain = [tensor]
+    for reader in tensor.outputs:
+        if reader.op in ("QuantizeLinear", "DequantizeLinear"):
+            if reader.inputs[0] is tensor or reader.attrs.get("block_size"):
+                return None
+        elif reader.op in ("Identity", "Cast"):
+            for out in reader.outputs:
+                sub = _qparam_only_chain(out, index)
+                if sub is None:
+                    return None
+                chain.extend(sub)
+        else:
+            return None
+    return chain
+
+
+def _existing_constant(graph: gs.Graph, base: str, values: np.ndarray) -> gs.Constant | None:
+    """A constant an earlier finding made with the same values (named base, base_1, ...), to share it.
+
+    So a Q and a DQ that shared one parameter still share one after the fix."""
+    tensors = graph.tensors()
+    name, i = base, 0
+    while name in tensors:
+        tensor = tensors[name]
+        if isinstance(tensor, gs.Constant) and tuple(tensor.shape) == values.shape and tensor.dtype == values.dtype:
+            if np.array_equal(np.asarray(tensor.values), values):
+                return tensor
+        i += 1
+        name = f"{base}_{i}"
+    return None
+
+
+def _values_through(ctx: CheckContext, source: ConstantSource) -> np.ndarray:
+    """The constant's values as the Q/DQ sees them: after every Cast on the way, in graph order.
+
+    Casting straight to the last Cast's type is not the same: float64 → float16 → float32 rounds
+    to float16 first.
+    """
+    values = np.asarray(ctx.model.constant_values(source.constant))
+    for node in reversed(source.via):
+        if node.op == "Cast":
+            values = values.astype(helper.tensor_dtype_to_np_dtype(node.attrs["to"]))
+    return values
 
 
 @register
@@ -119,9 +174,10 @@ class QParamPassThrough(Rule):
         if source.cast_to is None:
             root = _chain_root(old)
         else:
-            values = ctx.model.constant_values(source.constant)
-            values = values.astype(helper.tensor_dtype_to_np_dtype(source.cast_to))
-            root = gs.Constant(unique_name(ctx.graph, f"{old.name}_const"), np.asarray(values))
+            values = _values_through(ctx, source)
+            root = _existing_constant(ctx.graph, f"{old.name}_const", values)
+            if root is None:
+                root = gs.Constant(unique_name(ctx.graph, f"{old.name}_const"), values)
         set_input(p.node, slot, root)
         return [Change(self.code, p.node.name, old.name, old.name, root.name, f"{_slot_name(slot)} read directly")]
 

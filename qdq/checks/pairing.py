@@ -9,7 +9,9 @@ from __future__ import annotations
 
 from typing import Iterable
 
-from qdq.quant_index import QParams
+import numpy as np
+
+from qdq.quant_index import PER_TENSOR, QParams
 from qdq.rewrite import replace_uses
 from qdq.rule import Change, CheckContext, Finding, FixSafety, Rule, Severity, register
 
@@ -36,7 +38,7 @@ class QDQParamMismatch(Rule):
             q = ctx.index.params(qt.quantize)
             for dq_node in qt.dequantizes:
                 dq = ctx.index.params(dq_node)
-                if q.dynamic or dq.dynamic or q.same_values(dq):
+                if q.dynamic or dq.dynamic or _same_params(q, dq):
                     continue
                 yield self.finding(
                     ctx, dq_node, [qt.integer, q.scale_input, dq.scale_input],
@@ -44,12 +46,29 @@ class QDQParamMismatch(Rule):
                 )
 
 
+def _same_params(a: QParams, b: QParams) -> bool:
+    """QParams.same_values, except that NaN equals NaN: a Q/DQ pair sharing a NaN scale is QDQ001's error."""
+    if a.same_values(b):
+        return True
+    if a.elem_type != b.elem_type or a.block_size != b.block_size:
+        return False
+    if a.granularity != PER_TENSOR and a.axis != b.axis:
+        return False
+    return all(
+        x.size == y.size and np.array_equal(x.ravel(), y.ravel(), equal_nan=True)
+        for x, y in ((a.scale, b.scale), (a.zero_point, b.zero_point))
+    )
+
+
 def _difference(a: QParams, b: QParams) -> str:
     if a.elem_type != b.elem_type:
         return "different types"
-    if a.granularity != b.granularity or a.axis != b.axis:
+    if a.granularity != b.granularity or (a.granularity != PER_TENSOR and a.axis != b.axis):
         return "different granularity or axis"
-    if a.scale.ravel().shape == b.scale.ravel().shape and (a.scale.ravel() != b.scale.ravel()).any():
+    if a.block_size != b.block_size:
+        return "different block size"
+    scale_a, scale_b = a.scale.ravel(), b.scale.ravel()
+    if scale_a.shape != scale_b.shape or not np.array_equal(scale_a, scale_b):
         return "different scale"
     return "different zero-point"
 

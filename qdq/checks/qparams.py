@@ -102,8 +102,8 @@ def _zero_point_problem(p: QParams) -> str | None:
     if p.is_quantize and p.elem_type in DEQUANTIZE_ONLY:
         return f"QuantizeLinear cannot produce {qtype.name}"
     values = p.zero_point
-    if values is None or p.zero_point_input is None:
-        return None
+    if values is None or p.zero_point_input is None or values.size == 0:
+        return None  # no constant zero-point to check (an empty one goes with an empty scale: QDQ001)
     if qtype.is_float and np.any(values != 0):
         return f"{qtype.name} zero-point must be 0"
     if not qtype.is_float and (values.min() < qtype.qmin or values.max() > qtype.qmax):
@@ -157,7 +157,8 @@ class QParamShapeMismatch(Rule):
 
     Why: per-tensor parameters are scalars, per-axis ones are 1-D, blocked ones have the input's
     rank. A zero-point shaped differently from its scale, or a 2-D scale without `block_size`, is
-    rejected by onnxruntime at session creation.
+    rejected by onnxruntime at session creation. (A 1-element scale next to a 0-d zero-point runs,
+    and is left to QDQ201.)
 
     Example: scale of shape (16,) with a scalar zero-point on a per-channel weight.
     """
@@ -176,11 +177,21 @@ class QParamShapeMismatch(Rule):
                 )
 
 
+def _scalar_or_single(*shapes: tuple[int, ...]) -> bool:
+    """True when every shape is a scalar or a 1-element vector ([] or [1]).
+
+    onnxruntime runs a [1] scale next to a 0-d zero-point (its own quantizer writes bias DQs that
+    way); the non-scalar form is QDQ201's warning, with an exact fix, not an error here. A [1, 1]
+    zero-point is rejected, so it stays an error.
+    """
+    return all(tuple(shape) in ((), (1,)) for shape in shapes)
+
+
 def _shape_problem(p: QParams) -> str | None:
     scale_shape, zp_shape = p.scale_shape, p.zero_point_shape
     if scale_shape is None:
         return None
-    if zp_shape is not None and zp_shape != scale_shape:
+    if zp_shape is not None and zp_shape != scale_shape and not _scalar_or_single(zp_shape, scale_shape):
         return f"zero-point shape {list(zp_shape)} differs from scale shape {list(scale_shape)}"
     if p.block_size:
         rank = _input_rank(p)
