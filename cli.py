@@ -7,8 +7,10 @@ one line on stderr; a traceback appears only with -vv.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import traceback
+from contextlib import suppress
 
 from qdq import __version__
 from qdq.commands import COMMANDS
@@ -21,6 +23,7 @@ class _Parser(argparse.ArgumentParser):
     """argparse, but a usage error is one line and exit code 2."""
 
     def error(self, message: str) -> None:  # type: ignore[override]
+        message = " ".join(message.split())  # argparse messages may wrap; keep them on one line
         sys.stderr.write(f"{self.prog}: error: {message} (see `{self.prog} --help`)\n")
         raise SystemExit(EXIT_USAGE)
 
@@ -35,10 +38,15 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Run one command; return the exit code (never raises SystemExit, so callers can test it)."""
     parser = build_parser()
-    args = parser.parse_args(argv)
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as exc:  # usage errors (already reported on one line), --help, --version
+        return exc.code if isinstance(exc.code, int) else EXIT_USAGE
     if args.command is None:
-        parser.print_help(sys.stderr)
+        commands = ", ".join(command.__name__.rsplit(".", 1)[-1] for command in COMMANDS)
+        sys.stderr.write(f"qdq: error: no command given (choose from {commands}; see `qdq --help`)\n")
         return EXIT_USAGE
     from qdq.commands.args import setup_logging
 
@@ -46,18 +54,27 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return args.run(args)
     except QdqError as exc:
-        sys.stderr.write(f"qdq: error: {exc}\n")
+        sys.stderr.write(f"qdq: error: {_one_line(str(exc))}\n")
     except KeyboardInterrupt:
         sys.stderr.write("qdq: interrupted\n")
         return 130
     except BrokenPipeError:
-        return 0
+        # The reader went away (`qdq lint m.onnx | head`): stop quietly, keep Python from complaining
+        # when it flushes stdout at exit, and exit 1 as Python does on EPIPE: the report was not
+        # delivered, so this must not pass as clean in a CI gate.
+        with suppress(OSError), open(os.devnull, "wb") as devnull:
+            os.dup2(devnull.fileno(), sys.stdout.fileno())
+        return 1
     except Exception as exc:  # a bug in qdq, or input no check anticipated: still one line
-        if args.verbose >= 2:
+        if getattr(args, "verbose", 0) >= 2:
             traceback.print_exc()
-        first = (str(exc).strip().splitlines() or [""])[0][:300]
+        first = _one_line(str(exc))[:300]
         sys.stderr.write(f"qdq: error: unexpected {type(exc).__name__}: {first} (run with -vv for details)\n")
     return EXIT_USAGE
+
+
+def _one_line(text: str) -> str:
+    return (text.strip().splitlines() or [""])[0]
 
 
 def entry_point() -> None:

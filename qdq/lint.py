@@ -41,5 +41,6 @@ def lint(model: Model, ruleset: RuleSet) -> LintResult:
             rules_run.append(rule.code)
             ctx = CheckContext(model=model, index=index, params=cfg.params, severity=cfg.severity)
             findings.extend(rule.check(ctx))
-    findings.sort(key=lambda f: (-f.severity, f.code, f.node or "", f.tensors))
+    # Stable sort: a rule's findings on one node stay in the order the rule reported them.
+    findings.sort(key=lambda f: (-f.severity, f.code, f.node or ""))
     return LintResult(model.path, ruleset, findings, rules_run, notes)

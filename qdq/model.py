@@ -9,11 +9,13 @@ from __future__ import annotations
 
 import gc
 import os
+import shutil
+import stat
 import tempfile
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterator
+from typing import Iterable, Iterator
 
 import numpy as np
 import onnx
@@ -47,6 +49,11 @@ class Model:
     @property
     def uses_external_data(self) -> bool:
         return any(_is_external(t) for t in _all_tensor_protos(self.proto.graph))
+
+    @property
+    def input_files(self) -> list[Path]:
+        """The model file and the external data files it points at: what an output must never replace."""
+        return [self.path, *_external_files(self.proto, self.base_dir)]
 
     def constant_values(self, tensor: gs.Constant) -> np.ndarray:
         """The values of a constant, reading external data relative to the model, not the cwd."""
@@ -94,9 +101,11 @@ def save_model(model: Model, out_path: str | os.PathLike) -> None:
     Unchanged external tensors keep pointing at their data file. When the output goes to another
     folder the data file is copied next to it (under a new name if that name is taken), so the
     input's data is never touched. Large tensors that a fix created are written to a new data file.
+    The output may not be the input model or one of its data files. If anything fails, the files
+    this call created are removed again and an existing output is left as it was.
     """
     out_path = Path(out_path)
-    check_writable(out_path)
+    check_writable(out_path, inputs=model.input_files)
     with gc_paused():
         proto = gs.export_onnx(model.graph)
     proto.ir_version = model.proto.ir_version
@@ -104,9 +113,18 @@ def save_model(model: Model, out_path: str | os.PathLike) -> None:
     del proto.metadata_props[:]
     proto.metadata_props.extend(model.proto.metadata_props)
     tensors = list(_all_tensor_protos(proto.graph))
-    if any(_is_external(t) for t in tensors) or model.uses_external_data:
-        _place_external_data(tensors, model.base_dir, out_path)
-    atomic_write_bytes(out_path, proto.SerializeToString())
+    created: list[Path] = []
+    try:
+        if any(_is_external(t) for t in tensors) or model.uses_external_data:
+            _place_external_data(tensors, model.base_dir, out_path, created)
+        atomic_write_bytes(out_path, proto.SerializeToString())
+    except BaseException as exc:
+        for path in created:
+            with suppress(OSError):
+                path.unlink()
+        if isinstance(exc, OSError):
+            raise OutputError(f"{out_path}: cannot write: {exc.strerror or exc}") from None
+        raise
 
 
 def default_opset(proto: onnx.ModelProto) -> int | None:
@@ -116,34 +134,52 @@ def default_opset(proto: onnx.ModelProto) -> int | None:
     return None
 
 
-def check_writable(path: Path) -> None:
-    """Fail early, before any work, when an output path cannot be written."""
+def check_writable(path: Path, inputs: Iterable[str | os.PathLike] = ()) -> None:
+    """Fail early, before any work, when an output path cannot be written or is one of `inputs`."""
+    path = Path(path)
     parent = path.parent if str(path.parent) else Path(".")
     if path.is_dir():
         raise OutputError(f"{path}: output path is a directory")
-    if not parent.is_dir():
+    if not parent.exists():
         raise OutputError(f"{path}: output folder {parent} does not exist")
+    if not parent.is_dir():
+        raise OutputError(f"{path}: {parent} is not a folder")
     if not os.access(parent, os.W_OK):
         raise OutputError(f"{path}: output folder {parent} is not writable")
     if path.exists() and not os.access(path, os.W_OK):
         raise OutputError(f"{path}: output file is not writable")
+    for source in inputs:
+        if _same_file(path, Path(source)):
+            raise OutputError(f"{path}: output would overwrite the input {source}; choose another path")
 
 
 def atomic_write_bytes(path: Path, data: bytes) -> None:
-    """Write to a temporary file in the same folder, then rename: readers see old or new, never half."""
+    """Write to a temporary file in the same folder, then rename: readers see old or new, never half.
+
+    The new file gets the mode of the file it replaces, or the umask's default for a new file
+    (not mkstemp's 0600). An OSError becomes an OutputError; the temporary file never survives.
+    """
     path = Path(path)
     check_writable(path)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    mode = _new_file_mode(path)
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    except OSError as exc:
+        raise OutputError(f"{path}: cannot write: {exc.strerror or exc}") from None
     try:
         with os.fdopen(fd, "wb") as handle:
             handle.write(data)
             handle.flush()
+            os.fchmod(handle.fileno(), mode)
             os.fsync(handle.fileno())
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as exc:
         with suppress(OSError):
             os.unlink(tmp)
+        if isinstance(exc, OSError):
+            raise OutputError(f"{path}: cannot write: {exc.strerror or exc}") from None
         raise
+    _fsync_dir(path.parent)
 
 
 def atomic_write_text(path: Path, text: str) -> None:
@@ -190,6 +226,10 @@ def _check_external_data(proto: onnx.ModelProto, path: Path) -> None:
         location = info.get("location", "")
         if not location:
             raise ModelLoadError(f"{path}: tensor {tensor.name!r} has external data with no location")
+        if "\x00" in location:
+            raise ModelLoadError(
+                f"{path}: tensor {tensor.name!r} external data location {location!r} is not a valid path"
+            )
         if os.path.isabs(location):
             raise ModelLoadError(
                 f"{path}: tensor {tensor.name!r} external data location {location!r} is absolute; refused"
@@ -231,8 +271,47 @@ def _all_tensor_protos(graph: onnx.GraphProto) -> Iterator[TensorProto]:
                 yield from _all_tensor_protos(sub)
 
 
-def _place_external_data(tensors: list[TensorProto], source_dir: Path, out_path: Path) -> None:
-    """Make every external reference valid relative to the output, and externalise new big tensors."""
+def _external_files(proto: onnx.ModelProto, base_dir: Path) -> list[Path]:
+    """The data files a model's external tensors point at."""
+    locations = set()
+    for tensor in _all_tensor_protos(proto.graph):
+        if _is_external(tensor):
+            locations.update(e.value for e in tensor.external_data if e.key == "location")
+    return [base_dir / location for location in sorted(locations)]
+
+
+def _same_file(a: Path, b: Path) -> bool:
+    try:
+        return os.path.samefile(a, b)
+    except OSError:  # one of them does not exist (yet)
+        return a.resolve() == b.resolve()
+
+
+def _new_file_mode(path: Path) -> int:
+    """The permission bits for a file written at `path`: those of the file it replaces, else 0666 & ~umask."""
+    try:
+        return stat.S_IMODE(path.stat().st_mode)
+    except OSError:
+        umask = os.umask(0)
+        os.umask(umask)
+        return 0o666 & ~umask
+
+
+def _fsync_dir(folder: Path) -> None:
+    """Make a rename durable (best effort: not every platform can open a folder)."""
+    with suppress(OSError):
+        fd = os.open(folder, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+
+def _place_external_data(tensors: list[TensorProto], source_dir: Path, out_path: Path, created: list[Path]) -> None:
+    """Make every external reference valid relative to the output, and externalise new big tensors.
+
+    Files written here are appended to `created`, so the caller can remove them if saving fails.
+    """
     out_dir = out_path.parent.resolve()
     source_dir = source_dir.resolve()
     copied: dict[str, str] = {}
@@ -245,24 +324,26 @@ def _place_external_data(tensors: list[TensorProto], source_dir: Path, out_path:
             location = info["location"].value
             if location not in copied:
                 copied[location] = _copy_data_file(source_dir / location, out_dir, out_path.stem)
+                created.append(out_dir / copied[location])
             info["location"].value = copied[location]
         elif tensor.ByteSize() > _EXTERNAL_THRESHOLD_BYTES:
             new_data.append(tensor)
     if new_data:
-        _write_new_external_file(new_data, out_dir, out_path.stem)
+        created.append(out_dir / _write_new_external_file(new_data, out_dir, out_path.stem))
 
 
 def _copy_data_file(source: Path, out_dir: Path, stem: str) -> str:
-    """Copy an external data file next to the output under a name that overwrites nothing."""
+    """Copy an external data file next to the output under a name that overwrites nothing.
+
+    A real copy, not a hard link: onnx appends to an existing data file when it re-saves a model,
+    and through a shared inode that would change the input's weights.
+    """
     name = _free_name(out_dir, source.name, stem)
     tmp = out_dir / f".{name}.tmp"
     try:
-        try:
-            os.link(source, tmp)
-        except OSError:
-            with open(source, "rb") as src, open(tmp, "wb") as dst:
-                while chunk := src.read(1 << 24):
-                    dst.write(chunk)
+        shutil.copyfile(source, tmp)
+        with open(tmp, "rb+") as handle:
+            os.fsync(handle.fileno())
         os.replace(tmp, out_dir / name)
     except BaseException:
         with suppress(OSError):
@@ -271,7 +352,7 @@ def _copy_data_file(source: Path, out_dir: Path, stem: str) -> str:
     return name
 
 
-def _write_new_external_file(tensors: list[TensorProto], out_dir: Path, stem: str) -> None:
+def _write_new_external_file(tensors: list[TensorProto], out_dir: Path, stem: str) -> str:
     name = _free_name(out_dir, f"{stem}.data", stem)
     tmp = out_dir / f".{name}.tmp"
     offset = 0
@@ -294,6 +375,7 @@ def _write_new_external_file(tensors: list[TensorProto], out_dir: Path, stem: st
         with suppress(OSError):
             os.unlink(tmp)
         raise
+    return name
 
 
 def _raw_bytes(tensor: TensorProto) -> bytes:

@@ -23,7 +23,7 @@ def test_ci_runs_the_readme_commands_verbatim() -> None:
     ci = (ROOT / ".ci" / "run").read_text().splitlines()
     install_and_test, install_and_run = _readme_commands()[1], _readme_commands()[0]
     assert install_and_test in ci
-    assert any(line.startswith(install_and_run) for line in ci)
+    assert any(install_and_run in line for line in ci)
 
 
 def test_bundled_model_exists_and_is_small() -> None:

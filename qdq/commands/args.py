@@ -63,11 +63,21 @@ def resolve_ruleset(args: argparse.Namespace, config: ProjectConfig) -> RuleSet:
     return ruleset.narrowed(select, ignore)
 
 
-def parse_severity(text: str) -> Severity:
+def parse_severity(text: str, where: str = "") -> Severity:
+    """A severity name; `where` (an option or config key) prefixes the error message."""
     try:
         return Severity.parse(text)
     except ValueError as exc:
-        raise UsageError(str(exc)) from None
+        raise UsageError(f"{where}: {exc}" if where else str(exc)) from None
+
+
+def input_files(args: argparse.Namespace, config: ProjectConfig, ruleset: RuleSet) -> list[Path]:
+    """Every file a command reads, which an output path must never replace."""
+    files = [args.model] if getattr(args, "model", None) is not None else []
+    files += [Path(source) for source in ruleset.sources]
+    if config.path is not None:
+        files.append(config.path)
+    return files
 
 
 def _codes(text: str) -> list[str]:

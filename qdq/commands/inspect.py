@@ -27,8 +27,11 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
 
 def run(args: argparse.Namespace) -> int:
     if args.output is not None:
-        check_writable(args.output)
-    summary = summarize(load_model(args.model))
+        check_writable(args.output, inputs=[args.model])
+    model = load_model(args.model)
+    if args.output is not None:
+        check_writable(args.output, inputs=model.input_files)  # now also its external data files
+    summary = summarize(model)
     text = json.dumps(summary, indent=2) + "\n" if args.format == "json" else render_text(summary)
     if args.output is not None:
         atomic_write_text(args.output, text)

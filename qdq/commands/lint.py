@@ -6,7 +6,15 @@ import argparse
 import sys
 from pathlib import Path
 
-from qdq.commands.args import add_logging_args, add_ruleset_args, log, parse_severity, project_config, resolve_ruleset
+from qdq.commands.args import (
+    add_logging_args,
+    add_ruleset_args,
+    input_files,
+    log,
+    parse_severity,
+    project_config,
+    resolve_ruleset,
+)
 from qdq.lint import lint
 from qdq.model import atomic_write_text, check_writable, load_model
 from qdq.reports import FORMATS, render
@@ -35,11 +43,16 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
 def run(args: argparse.Namespace) -> int:
     config = project_config(args)
     ruleset = resolve_ruleset(args, config)
-    fail_on = parse_severity(args.fail_on or config.fail_on or "warning")
+    if args.fail_on is not None:
+        fail_on = parse_severity(args.fail_on, "--fail-on")
+    else:
+        fail_on = parse_severity(config.fail_on or "warning", f"{config.path} [tool.qdq] fail-on")
     if args.output is not None:
-        check_writable(args.output)
+        check_writable(args.output, inputs=input_files(args, config, ruleset))
     log.info("linting %s with rule set %r (%d rules)", args.model, ruleset.name, len(ruleset.enabled()))
     model = load_model(args.model)
+    if args.output is not None:
+        check_writable(args.output, inputs=model.input_files)  # now also its external data files
     result = lint(model, ruleset)
     report = render(result, args.format, fail_on=fail_on)
     if args.output is not None:
