@@ -14,6 +14,7 @@ from contextlib import suppress
 
 from qdq import __version__
 from qdq.commands import COMMANDS
+from qdq.commands.args import setup_logging
 from qdq.errors import QdqError
 
 EXIT_USAGE = 2
@@ -48,8 +49,6 @@ def main(argv: list[str] | None = None) -> int:
         commands = ", ".join(command.__name__.rsplit(".", 1)[-1] for command in COMMANDS)
         sys.stderr.write(f"qdq: error: no command given (choose from {commands}; see `qdq --help`)\n")
         return EXIT_USAGE
-    from qdq.commands.args import setup_logging
-
     setup_logging(args)
     try:
         return args.run(args)

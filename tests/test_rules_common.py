@@ -398,9 +398,10 @@ def test_qdq004_one_element_scale_with_scalar_zero_point_is_left_to_qdq201(tmp_p
     model = load(b, tmp_path)
     f = one(model, "QDQ004")
     assert (f.node, f.values["problem"]) == ("bad_dq", "zero-point shape [1, 1] differs from scale shape [1]")
-    assert {(f.node, f.values["what"]) for f in found(model, "QDQ201")} == {
-        ("bias_dq", "scale"), ("bad_dq", "scale"), ("bad_dq", "zero-point"),
+    assert {(f.node, f.values["what"], tuple(f.values["shape"])) for f in found(model, "QDQ201")} == {
+        ("bias_dq", "scale", (1,)), ("bad_dq", "scale and zero-point", (1,)),
     }
+    assert len(found(model, "QDQ201")) == 2
 
 
 def test_qdq004_matching_shapes_are_clean(tmp_path):
@@ -658,13 +659,15 @@ def test_qdq201_one_element_scale_and_zero_point_shared_by_q_and_dq(tmp_path):
     findings = found(load(b, tmp_path), "QDQ201")
     got = {(f.node, f.tensors, f.values["what"]) for f in findings}
     assert got == {
-        ("a_q", ("a_scale",), "scale"), ("a_q", ("a_zp",), "zero-point"),
-        ("a_dq", ("a_scale",), "scale"), ("a_dq", ("a_zp",), "zero-point"),
+        ("a_q", ("a_scale", "a_zp"), "scale and zero-point"),
+        ("a_dq", ("a_scale", "a_zp"), "scale and zero-point"),
     }
+    assert len(findings) == 2
     assert all(f.values["shape"] == [1] and f.fix is EXACT for f in findings)
-    assert "QuantizeLinear a_q has a 1-element scale of shape [1]; per-tensor parameters should be scalars" in {
-        f.message for f in findings
-    }
+    assert (
+        "QuantizeLinear a_q has a 1-element scale and zero-point of shape [1]; per-tensor parameters should be scalars"
+        in {f.message for f in findings}
+    )
 
 
 def test_qdq201_scalar_per_axis_and_empty_params_are_clean(tmp_path):
@@ -740,7 +743,9 @@ def test_qdq201_fix_through_identity_with_value_info(tmp_path):
     z = b.node("Identity", [b.init("z", i8([2]))], ["z_id"], name="z_identity")
     xq = b.node("QuantizeLinear", [b.input("x", [4, 8]), s, z], name="q")
     b.output(b.node("DequantizeLinear", [xq, s, z], name="dq"), [4, 8])
-    assert {f.tensors for f in found(load(b, tmp_path), "QDQ201")} == {("s_id",), ("z_id",)}
+    assert sorted((f.node, f.tensors) for f in found(load(b, tmp_path), "QDQ201")) == [
+        ("dq", ("s_id", "z_id")), ("q", ("s_id", "z_id")),
+    ]
     assert_exact_fix(save_inferred(b, tmp_path), "QDQ201", tmp_path, {"x": rand(4, 8)})
 
 
@@ -953,8 +958,9 @@ def test_torch_reference_export_triggers_exactly_the_artefact_rules(tmp_path):
     b = GraphBuilder(opset=13)
     torch_reference_export(b)
     codes = lint_codes(load(b, tmp_path))
-    # 3 Q/DQ pairs: 12 [1]-shaped parameters, 12 Identity-routed parameters, 3 no-op Casts.
-    assert {code: codes.count(code) for code in set(codes)} == {"QDQ201": 12, "QDQ202": 12, "QDQ203": 3}
+    # 3 Q/DQ pairs: 6 Q/DQ nodes with [1]-shaped parameters (one finding each, scale and zero-point
+    # together), 12 Identity-routed parameters, 3 no-op Casts.
+    assert {code: codes.count(code) for code in set(codes)} == {"QDQ201": 6, "QDQ202": 12, "QDQ203": 3}
 
 
 @pytest.mark.parametrize("order", [("QDQ201", "QDQ202", "QDQ203"), ("QDQ203", "QDQ202", "QDQ201")])

@@ -52,21 +52,34 @@ class NonScalarQParams(Rule):
         for p in ctx.index.all_params():
             if p.granularity != PER_TENSOR or p.block_size:
                 continue
-            for slot, tensor, source in _param_slots(p):
-                shape = tuple(source.constant.shape) if source is not None else ()
-                # Only 1-element tensors: an empty scale is QDQ001's error and has no scalar form.
-                if shape and int(np.prod(shape)) == 1:
-                    yield self.finding(
-                        ctx, p.node, [tensor], subject=(p, slot, source), op=p.node.op,
-                        what=_slot_name(slot), shape=list(source.constant.shape),
-                    )
+            # Only 1-element tensors: an empty scale is QDQ001's error and has no scalar form.
+            slots = [
+                (slot, tensor, source)
+                for slot, tensor, source in _param_slots(p)
+                if source is not None and source.constant.shape and int(np.prod(source.constant.shape)) == 1
+            ]
+            if slots:
+                # One finding per node: exporters shape scale and zero-point alike, so one line says it.
+                yield self.finding(
+                    ctx, p.node, [tensor for _, tensor, _ in slots], subject=(p, slots), op=p.node.op,
+                    what=" and ".join(_slot_name(slot) for slot, _, _ in slots),
+                    shape=list(slots[0][2].constant.shape),
+                )
 
     def fix(self, ctx: CheckContext, finding: Finding) -> list[Change]:
-        p, slot, source = finding.subject
+        p, slots = finding.subject
+        changes = []
+        for slot, _, source in slots:
+            change = self._make_scalar(ctx, p, slot, source)
+            if change is not None:
+                changes.append(change)
+        return changes
+
+    def _make_scalar(self, ctx: CheckContext, p: QParams, slot: int, source: ConstantSource) -> Change | None:
         constant = source.constant
         old_shape = list(constant.shape)
         if not old_shape:
-            return []  # an earlier finding on a shared constant already fixed it
+            return None  # an earlier finding on a shared constant already fixed it
         # What the graph reads: the initializer itself, or the output of the Constant node holding it.
         held = source.via[-1].outputs[0] if source.via and source.via[-1].op == "Constant" else constant
         chain = _qparam_only_chain(held, ctx.index)
@@ -86,7 +99,7 @@ class NonScalarQParams(Rule):
                 scalar = gs.Constant(unique_name(ctx.graph, f"{constant.name}_scalar"), values)
             set_input(p.node, slot, scalar)
             target = scalar.name
-        return [Change(self.code, p.node.name, target, old_shape, [], f"{_slot_name(slot)} reshaped to a scalar")]
+        return Change(self.code, p.node.name, target, old_shape, [], f"{_slot_name(slot)} reshaped to a scalar")
 
 
 def _qparam_only_chain(tensor: gs.Tensor, index: QuantIndex) -> list[gs.Tensor] | None:

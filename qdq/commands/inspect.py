@@ -9,7 +9,8 @@ from pathlib import Path
 
 from qdq.commands.args import add_logging_args
 from qdq.inspect import render_text, summarize
-from qdq.model import atomic_write_text, check_writable, load_model
+from qdq.files import atomic_write_text, check_writable
+from qdq.model import load_model
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:

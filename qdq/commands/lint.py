@@ -16,7 +16,8 @@ from qdq.commands.args import (
     resolve_ruleset,
 )
 from qdq.lint import lint
-from qdq.model import atomic_write_text, check_writable, load_model
+from qdq.files import atomic_write_text, check_writable
+from qdq.model import load_model
 from qdq.reports import FORMATS, render
 
 EXIT_CLEAN, EXIT_FINDINGS = 0, 1
