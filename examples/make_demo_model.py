@@ -6,7 +6,7 @@ module output. The recipe is the working one for torch 2.13 (symmetric int8 Fake
 observers disabled before export). Weights are random and observers see random data: the file
 exists to show qdq's commands, not to classify anything.
 
-    python examples/make_demo_model.py            # writes examples/models/demo_fx_qat.onnx
+    pip install -e ".[torch]"; python examples/make_demo_model.py   # writes examples/models/demo_fx_qat.onnx
 """
 
 from __future__ import annotations
@@ -16,20 +16,9 @@ from pathlib import Path
 
 import torch
 from torch import nn
-from torch.ao.quantization import FakeQuantize, MovingAverageMinMaxObserver, QConfig, QConfigMapping
-from torch.ao.quantization.backend_config import BackendConfig, DTypeConfig
-from torch.ao.quantization.backend_config._common_operator_config_utils import (
-    _get_binary_op_configs,
-    _get_bn_configs,
-    _get_cat_config,
-    _get_conv_configs,
-    _get_default_op_configs,
-    _get_fixed_qparams_op_configs,
-    _get_linear_configs,
-    _get_share_qparams_op_configs,
-    _get_tensor_info_op_configs,
-)
 from torch.ao.quantization.quantize_fx import prepare_qat_fx
+
+from qdq.fx import export_onnx, int8_backend_config, symmetric_int8_qconfig_mapping
 
 
 class DemoNet(nn.Module):
@@ -52,43 +41,16 @@ class DemoNet(nn.Module):
         return self.fc(torch.flatten(self.gap(x), 1))
 
 
-def int8_backend_config() -> BackendConfig:
-    """FX's native patterns with qint8 dtype configs (the stock config silently skips qint8)."""
-    w = DTypeConfig(input_dtype=torch.qint8, output_dtype=torch.qint8, weight_dtype=torch.qint8, bias_dtype=torch.float)
-    a = DTypeConfig(input_dtype=torch.qint8, output_dtype=torch.qint8)
-    return (
-        BackendConfig("int8_sym")
-        .set_backend_pattern_configs(_get_conv_configs([w]))
-        .set_backend_pattern_configs(_get_linear_configs([w]))
-        .set_backend_pattern_configs(_get_binary_op_configs([a]))
-        .set_backend_pattern_config(_get_cat_config([a]))
-        .set_backend_pattern_configs(_get_default_op_configs([a]))
-        .set_backend_pattern_configs(_get_fixed_qparams_op_configs([a]))
-        .set_backend_pattern_configs(_get_share_qparams_op_configs([a]))
-        .set_backend_pattern_configs(_get_tensor_info_op_configs([a]))
-        .set_backend_pattern_configs(_get_bn_configs([a]))
-    )
-
-
 def export_demo(path: Path) -> None:
     torch.manual_seed(0)
     example = torch.randn(4, 1, 16, 16)
-    fake_quant = FakeQuantize.with_args(
-        observer=MovingAverageMinMaxObserver, quant_min=-128, quant_max=127,
-        dtype=torch.qint8, qscheme=torch.per_tensor_symmetric, eps=2**-12,
+    model = prepare_qat_fx(
+        DemoNet().train(), symmetric_int8_qconfig_mapping(), (example,), backend_config=int8_backend_config()
     )
-    qconfig = QConfigMapping().set_global(QConfig(activation=fake_quant, weight=fake_quant))
-    model = prepare_qat_fx(DemoNet().train(), qconfig, (example,), backend_config=int8_backend_config())
     with torch.no_grad():
         for _ in range(8):
             model(torch.randn(4, 1, 16, 16))
-    model.eval()
-    model.apply(torch.ao.quantization.disable_observer)
-    model.apply(torch.ao.quantization.enable_fake_quant)
-    torch.onnx.export(
-        model, (example[:1],), str(path), dynamo=False, opset_version=13,
-        input_names=["image"], output_names=["logits"], do_constant_folding=True,
-    )
+    export_onnx(model, (example[:1],), path, opset=13, input_names=["image"], output_names=["logits"])
 
 
 def main() -> None:

@@ -24,6 +24,8 @@ import hashlib
 import io
 import json
 import logging
+import subprocess
+import sys
 import warnings
 from collections import Counter
 from pathlib import Path
@@ -38,6 +40,7 @@ from qdq.lint import lint
 from qdq.model import load_model
 from qdq.ruleset import load_target
 
+ROOT = Path(__file__).resolve().parent.parent
 QDQ_OPS = ("QuantizeLinear", "DequantizeLinear")
 
 
@@ -102,35 +105,12 @@ def build_ort_qdq_model(folder: Path) -> Path:
 
 
 def export_fx_qat(path: Path) -> Path:
-    """torch-fx-export.md §4.1 as written: FX QAT, symmetric int8 FakeQuantize, TorchScript exporter."""
+    """torch-fx-export.md §4.1 through qdq.fx: FX QAT, symmetric int8 FakeQuantize, TorchScript exporter."""
     torch = pytest.importorskip("torch")
     from torch import nn
-    from torch.ao.quantization import FakeQuantize, MovingAverageMinMaxObserver, QConfig, QConfigMapping
-    from torch.ao.quantization.backend_config import BackendConfig, DTypeConfig
-    from torch.ao.quantization.backend_config._common_operator_config_utils import (
-        _get_binary_op_configs,
-        _get_bn_configs,
-        _get_cat_config,
-        _get_conv_configs,
-        _get_default_op_configs,
-        _get_fixed_qparams_op_configs,
-        _get_linear_configs,
-        _get_share_qparams_op_configs,
-        _get_tensor_info_op_configs,
-    )
     from torch.ao.quantization.quantize_fx import prepare_qat_fx
 
-    # The native backend config accepts only quint8 activations; build the patterns with qint8.
-    w = DTypeConfig(input_dtype=torch.qint8, output_dtype=torch.qint8, weight_dtype=torch.qint8, bias_dtype=torch.float)
-    a = DTypeConfig(input_dtype=torch.qint8, output_dtype=torch.qint8)
-    bc = BackendConfig("int8_sym")
-    for configs in (_get_conv_configs([w]), _get_linear_configs([w]), _get_binary_op_configs([a]),
-                    [_get_cat_config([a])], _get_default_op_configs([a]), _get_fixed_qparams_op_configs([a]),
-                    _get_share_qparams_op_configs([a]), _get_tensor_info_op_configs([a]), _get_bn_configs([a])):
-        bc.set_backend_pattern_configs(configs)
-    fq = FakeQuantize.with_args(observer=MovingAverageMinMaxObserver, quant_min=-128, quant_max=127,
-                                dtype=torch.qint8, qscheme=torch.per_tensor_symmetric, eps=2**-12)
-    qmap = QConfigMapping().set_global(QConfig(activation=fq, weight=fq))
+    from qdq.fx import export_onnx, int8_backend_config, symmetric_int8_qconfig_mapping
 
     class Tiny(nn.Module):
         """conv-bn-relu, conv-bn + residual add + relu, maxpool, two 1x1 convs concatenated."""
@@ -151,16 +131,13 @@ def export_fx_qat(path: Path) -> Path:
     torch.manual_seed(0)
     example = torch.randn(1, 3, 16, 16)
     with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # torch.ao.quantization deprecation, TorchScript exporter notices
-        m = prepare_qat_fx(Tiny().train(), qmap, (example,), backend_config=bc)
+        warnings.simplefilter("ignore")  # torch.ao.quantization deprecation notices
+        m = prepare_qat_fx(Tiny().train(), symmetric_int8_qconfig_mapping(), (example,),
+                           backend_config=int8_backend_config())
         with torch.no_grad():
             for _ in range(3):  # let the observers see some data
                 m(torch.randn(2, 3, 16, 16))
-        m.eval()
-        m.apply(torch.ao.quantization.disable_observer)  # required, else 'aten::copy' export error
-        m.apply(torch.ao.quantization.enable_fake_quant)
-        torch.onnx.export(m, (example,), str(path), dynamo=False, opset_version=13,
-                          input_names=["x"], output_names=["y"], do_constant_folding=True)
+    export_onnx(m, (example,), path, opset=13, input_names=["x"], output_names=["y"])
     return path
 
 
@@ -291,3 +268,15 @@ def test_fx_export_cli(fx_model):
     code, out, _ = run_cli("inspect", fx_model, "--format", "json")
     assert code == 0 and json.loads(out)["model"]["opset"] == 13
     assert hashlib.sha256(fx_model.read_bytes()).hexdigest() == digest
+
+
+def test_core_imports_and_lints_without_torch(tmp_path) -> None:
+    """torch is an extra: the library and the CLI must import and lint with it absent."""
+    code = (
+        "import sys; sys.modules['torch'] = None\n"
+        "import cli\n"
+        f"sys.exit(cli.main(['lint', '--exit-zero', {str(ROOT / 'examples/models/demo_fx_qat.onnx')!r}]))\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT)
+    assert done.returncode == 0, done.stderr
+    assert "QDQ201" in done.stdout
