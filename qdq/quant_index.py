@@ -119,7 +119,7 @@ class QParams:
         """Scale values as float64 (None when computed at run time)."""
         if self.scale_source is None:
             return None
-        return _source_values(self.model, self.scale_source).astype(np.float64)
+        return source_values(self.model, self.scale_source).astype(np.float64)
 
     @cached_property
     def zero_point(self) -> np.ndarray | None:
@@ -129,7 +129,7 @@ class QParams:
             return np.zeros(shape, dtype=np.float64)
         if self.zero_point_source is None:
             return None
-        return _source_values(self.model, self.zero_point_source).astype(np.float64)
+        return source_values(self.model, self.zero_point_source).astype(np.float64)
 
     def same_values(self, other: QParams) -> bool:
         """Same scale, zero-point, axis and type: quantizing with one and dequantizing with the other is exact."""
@@ -389,7 +389,11 @@ def _constant_node_value(node: gs.Node) -> gs.Constant | None:
     return None
 
 
-def _source_values(model: Model, source: ConstantSource) -> np.ndarray:
+def source_values(model: Model, source: ConstantSource) -> np.ndarray:
+    """A constant's values as the Q/DQ reading it sees them: every Cast on the way applied in order.
+
+    Casting straight to the last type is not the same: float64 → float16 → float32 rounds to float16.
+    """
     values = model.constant_values(source.constant)
     for to in source.casts:
         values = np.asarray(values).astype(helper.tensor_dtype_to_np_dtype(to))

@@ -11,9 +11,8 @@ from typing import Iterable
 
 import numpy as np
 import onnx_graphsurgeon as gs
-from onnx import helper
 
-from qdq.quant_index import PER_TENSOR, ConstantSource, QParams, QuantIndex
+from qdq.quant_index import PER_TENSOR, ConstantSource, QParams, QuantIndex, source_values
 from qdq.rewrite import set_input, unique_name
 from qdq.rule import Change, CheckContext, Finding, FixSafety, Rule, Severity, register
 
@@ -93,7 +92,7 @@ class NonScalarQParams(Rule):
         else:
             # Someone else reads the [1] tensor too: give this Q/DQ its own scalar (one per constant),
             # with the values the Q/DQ saw, Casts on the way applied.
-            values = _values_through(ctx, source).reshape(())
+            values = source_values(ctx.model, source).reshape(())
             scalar = _existing_constant(ctx.graph, f"{constant.name}_scalar", values)
             if scalar is None:
                 scalar = gs.Constant(unique_name(ctx.graph, f"{constant.name}_scalar"), values)
@@ -140,19 +139,6 @@ def _existing_constant(graph: gs.Graph, base: str, values: np.ndarray) -> gs.Con
     return None
 
 
-def _values_through(ctx: CheckContext, source: ConstantSource) -> np.ndarray:
-    """The constant's values as the Q/DQ sees them: after every Cast on the way, in graph order.
-
-    Casting straight to the last Cast's type is not the same: float64 → float16 → float32 rounds
-    to float16 first.
-    """
-    values = np.asarray(ctx.model.constant_values(source.constant))
-    for node in reversed(source.via):
-        if node.op == "Cast":
-            values = values.astype(helper.tensor_dtype_to_np_dtype(node.attrs["to"]))
-    return values
-
-
 @register
 class QParamPassThrough(Rule):
     """A scale or zero-point should come straight from a constant, not through Identity or Cast.
@@ -187,7 +173,7 @@ class QParamPassThrough(Rule):
         if source.cast_to is None:
             root = _chain_root(old)
         else:
-            values = _values_through(ctx, source)
+            values = source_values(ctx.model, source)
             root = _existing_constant(ctx.graph, f"{old.name}_const", values)
             if root is None:
                 root = gs.Constant(unique_name(ctx.graph, f"{old.name}_const"), values)
