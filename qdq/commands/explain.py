@@ -21,7 +21,7 @@ def run(args: argparse.Namespace) -> int:
     rule = registry.get(args.code.upper())
     if rule is None:
         raise UsageError(f"unknown rule code {args.code!r} (see `qdq rules --all`)")
-    fix = f"{rule.fix_safety} fix (qdq fix)" if rule.fix_safety else "no automatic fix"
+    fix = f"{rule.fix_safety} fix" if rule.fix_safety else "no automatic fix"
     print(f"{rule.code} {rule.name}")
     print(f"default severity: {rule.severity}; {fix}")
     print()

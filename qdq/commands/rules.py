@@ -11,7 +11,7 @@ from qdq.rule import all_rules
 
 def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     parser = subparsers.add_parser("rules", help="list the rules of a rule set", description="List the rules a "
-                                   "rule set runs, with severity and whether `qdq fix` can repair them.")
+                                   "rule set runs, with severity and whether each has an automatic fix (exact or approximate).")
     add_ruleset_args(parser)
     parser.add_argument("--all", action="store_true", help="also list rules the set turns off")
     parser.add_argument("--format", choices=("text", "json"), default="text")
