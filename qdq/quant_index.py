@@ -51,6 +51,11 @@ class ConstantSource:
         return [int(n.attrs.get("to")) for n in reversed(self.via) if n.op == "Cast"]
 
     @property
+    def elem_type(self) -> int:
+        """The element type the Q/DQ reads: the last Cast's target, else the constant's own type."""
+        return self.cast_to or onnx_type_of(self.constant)
+
+    @property
     def origin(self) -> gs.Constant | gs.Node:
         """What identifies the stored value: the initializer, or the Constant node that holds it."""
         if self.via and self.via[-1].op == "Constant":
@@ -131,8 +136,11 @@ class QParams:
             return None
         return source_values(self.model, self.zero_point_source).astype(np.float64)
 
-    def same_values(self, other: QParams) -> bool:
-        """Same scale, zero-point, axis and type: quantizing with one and dequantizing with the other is exact."""
+    def same_values(self, other: QParams, equal_nan: bool = False) -> bool:
+        """Same scale, zero-point, axis and type: quantizing with one and dequantizing with the other is exact.
+
+        `equal_nan` counts NaN as equal to NaN, for checks that leave invalid values to QDQ001.
+        """
         if self.dynamic or other.dynamic:
             return self.scale_input is other.scale_input and self.zero_point_input is other.zero_point_input
         if self.elem_type != other.elem_type or self.block_size != other.block_size:
@@ -141,7 +149,7 @@ class QParams:
             rank = self.data_rank if self.data_rank is not None else other.data_rank
             if _normalized_axis(self.axis, rank) != _normalized_axis(other.axis, rank):
                 return False
-        return _flat_equal(self.scale, other.scale) and _flat_equal(self.zero_point, other.zero_point)
+        return _flat_equal(self.scale, other.scale, equal_nan) and _flat_equal(self.zero_point, other.zero_point, equal_nan)
 
     def shares_initializers(self, other: QParams) -> bool:
         """True when both nodes read the very same scale and zero-point constants."""
@@ -237,7 +245,7 @@ class QuantIndex:
         """The DQ whose output reaches this tensor, looking back through pass-through nodes."""
         while len(tensor.inputs) == 1:
             producer = tensor.inputs[0]
-            if producer.op == DEQUANTIZE and id(producer) in self._params:
+            if self._is_indexed(producer, DEQUANTIZE):
                 return producer
             if not self.is_pass_through(producer) or not producer.inputs:
                 return None
@@ -259,11 +267,7 @@ class QuantIndex:
 
     def quantizes_of(self, tensor: gs.Tensor) -> list[gs.Node]:
         """The Q nodes that quantize this float tensor."""
-        return [
-            n
-            for n in tensor.outputs
-            if n.op == QUANTIZE and id(n) in self._params and n.inputs and n.inputs[0] is tensor
-        ]
+        return [n for n in tensor.outputs if self._is_indexed(n, QUANTIZE) and n.inputs and n.inputs[0] is tensor]
 
     def _is_indexed(self, node: gs.Node, op: str) -> bool:
         return node.op == op and id(node) in self._params
@@ -343,7 +347,7 @@ class QuantIndex:
     ) -> int:
         """The integer type of a Q's output or a DQ's input, following the spec's defaulting."""
         if zp_source is not None:
-            return zp_source.cast_to or onnx_type_of(zp_source.constant)
+            return zp_source.elem_type
         computed = _elem_type_of(self, zero_point_input) if zero_point_input is not None else None
         if computed:
             return computed
@@ -413,10 +417,10 @@ def _elem_type_of(index: QuantIndex, tensor: gs.Tensor) -> int | None:
         return onnx_type_of(tensor)
     if len(tensor.inputs) == 1:
         producer = tensor.inputs[0]
-        if producer.op == QUANTIZE and id(producer) in index._params:
-            return index._params[id(producer)].elem_type
-        if producer.op == DEQUANTIZE and id(producer) in index._params:
-            return _dequantized_type(index._params[id(producer)])
+        if index._is_indexed(producer, QUANTIZE):
+            return index.params(producer).elem_type
+        if index._is_indexed(producer, DEQUANTIZE):
+            return _dequantized_type(index.params(producer))
         if producer.op == "Cast":
             return producer.attrs.get("to")
         if producer.op == "Identity" and producer.inputs:
@@ -443,7 +447,7 @@ def _dequantized_type(params: QParams) -> int | None:
     source = params.scale_source
     if source is None:
         return None
-    return source.cast_to or onnx_type_of(source.constant)
+    return source.elem_type
 
 
 def _is_empty_input(tensor: gs.Tensor) -> bool:
@@ -458,11 +462,11 @@ def _normalized_axis(axis: int, rank: int | None) -> int:
     return axis + rank if axis < 0 and rank is not None else axis
 
 
-def _flat_equal(a: np.ndarray | None, b: np.ndarray | None) -> bool:
+def _flat_equal(a: np.ndarray | None, b: np.ndarray | None, equal_nan: bool = False) -> bool:
     if a is None or b is None:
         return False
     a, b = np.asarray(a).ravel(), np.asarray(b).ravel()
-    return a.shape == b.shape and bool(np.array_equal(a, b))
+    return a.shape == b.shape and bool(np.array_equal(a, b, equal_nan=equal_nan))
 
 
 def _summarise(values: np.ndarray) -> float | list[float] | dict:

@@ -38,26 +38,13 @@ class QDQParamMismatch(Rule):
             q = ctx.index.params(qt.quantize)
             for dq_node in qt.dequantizes:
                 dq = ctx.index.params(dq_node)
-                if q.dynamic or dq.dynamic or _same_params(q, dq):
+                # NaN == NaN here: a pair sharing a NaN scale is QDQ001's error, not a mismatch.
+                if q.dynamic or dq.dynamic or q.same_values(dq, equal_nan=True):
                     continue
                 yield self.finding(
                     ctx, dq_node, [qt.integer, q.scale_input, dq.scale_input],
                     quantize=qt.quantize.name, detail=_difference(q, dq), q=q.describe(), dq=dq.describe(),
                 )
-
-
-def _same_params(a: QParams, b: QParams) -> bool:
-    """QParams.same_values, except that NaN equals NaN: a Q/DQ pair sharing a NaN scale is QDQ001's error."""
-    if a.same_values(b):
-        return True
-    if a.elem_type != b.elem_type or a.block_size != b.block_size:
-        return False
-    if a.granularity != PER_TENSOR and a.axis != b.axis:
-        return False
-    return all(
-        x.size == y.size and np.array_equal(x.ravel(), y.ravel(), equal_nan=True)
-        for x, y in ((a.scale, b.scale), (a.zero_point, b.zero_point))
-    )
 
 
 def _difference(a: QParams, b: QParams) -> str:

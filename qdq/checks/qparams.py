@@ -12,7 +12,7 @@ import numpy as np
 from onnx import TensorProto
 
 from qdq.dtypes import DEQUANTIZE_ONLY, type_name
-from qdq.quant_index import BLOCKED, PER_AXIS, QParams, onnx_type_of
+from qdq.quant_index import BLOCKED, PER_AXIS, QParams
 from qdq.rule import CheckContext, Finding, Rule, Severity, register
 
 _FLOAT_SCALE_TYPES = {TensorProto.FLOAT, TensorProto.FLOAT16, TensorProto.BFLOAT16}
@@ -58,7 +58,7 @@ class InvalidScale(Rule):
 
 
 def _scale_problem(p: QParams) -> str | None:
-    scale_type = p.scale_source.cast_to or onnx_type_of(p.scale_source.constant)
+    scale_type = p.scale_source.elem_type
     if scale_type not in _FLOAT_SCALE_TYPES:
         return f"scale type is {type_name(scale_type)}, not a float type"
     values = p.scale
