@@ -8,6 +8,8 @@ import sys
 from pathlib import Path
 
 from qdq.errors import QdqError
+from qdq.files import atomic_write_text, check_writable
+from qdq.model import Model, load_model
 from qdq.rule import Severity
 from qdq.ruleset import ProjectConfig, RuleSet, builtin_targets, find_project_config, load_rules_file, load_target
 
@@ -61,6 +63,29 @@ def resolve_ruleset(args: argparse.Namespace, config: ProjectConfig) -> RuleSet:
     select = _codes(args.select) if args.select is not None else config.select
     ignore = _codes(args.ignore) if args.ignore is not None else config.ignore
     return ruleset.narrowed(select, ignore)
+
+
+def load_for_output(model_path: Path, output: Path | None, inputs: list[Path]) -> Model:
+    """Load a model for a command that writes `output`, refusing bad outputs before and after loading.
+
+    Before: the output must be writable and must not be one of `inputs`. After: it must not be one of
+    the model's external data files either, which are only known once the model is read.
+    """
+    if output is not None:
+        check_writable(output, inputs=inputs)
+    model = load_model(model_path)
+    if output is not None:
+        check_writable(output, inputs=model.input_files)
+    return model
+
+
+def emit(output: Path | None, text: str) -> None:
+    """Write a report to `output` atomically, or to stdout."""
+    text = text if text.endswith("\n") else text + "\n"
+    if output is not None:
+        atomic_write_text(output, text)
+    else:
+        sys.stdout.write(text)
 
 
 def parse_severity(text: str, where: str = "") -> Severity:

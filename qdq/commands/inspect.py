@@ -4,13 +4,10 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 from pathlib import Path
 
-from qdq.commands.args import add_logging_args
+from qdq.commands.args import add_logging_args, emit, load_for_output
 from qdq.inspect import render_text, summarize
-from qdq.files import atomic_write_text, check_writable
-from qdq.model import load_model
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
@@ -27,15 +24,6 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
 
 
 def run(args: argparse.Namespace) -> int:
-    if args.output is not None:
-        check_writable(args.output, inputs=[args.model])
-    model = load_model(args.model)
-    if args.output is not None:
-        check_writable(args.output, inputs=model.input_files)  # now also its external data files
-    summary = summarize(model)
-    text = json.dumps(summary, indent=2) + "\n" if args.format == "json" else render_text(summary)
-    if args.output is not None:
-        atomic_write_text(args.output, text)
-    else:
-        sys.stdout.write(text if text.endswith("\n") else text + "\n")
+    summary = summarize(load_for_output(args.model, args.output, inputs=[args.model]))
+    emit(args.output, json.dumps(summary, indent=2) if args.format == "json" else render_text(summary))
     return 0

@@ -3,21 +3,20 @@
 from __future__ import annotations
 
 import argparse
-import sys
 from pathlib import Path
 
 from qdq.commands.args import (
     add_logging_args,
     add_ruleset_args,
+    emit,
     input_files,
+    load_for_output,
     log,
     parse_severity,
     project_config,
     resolve_ruleset,
 )
 from qdq.lint import lint
-from qdq.files import atomic_write_text, check_writable
-from qdq.model import load_model
 from qdq.reports import FORMATS, render
 
 EXIT_CLEAN, EXIT_FINDINGS = 0, 1
@@ -48,17 +47,9 @@ def run(args: argparse.Namespace) -> int:
         fail_on = parse_severity(args.fail_on, "--fail-on")
     else:
         fail_on = parse_severity(config.fail_on or "warning", f"{config.path} [tool.qdq] fail-on")
-    if args.output is not None:
-        check_writable(args.output, inputs=input_files(args, config, ruleset))
     log.info("linting %s with rule set %r (%d rules)", args.model, ruleset.name, len(ruleset.enabled()))
-    model = load_model(args.model)
-    if args.output is not None:
-        check_writable(args.output, inputs=model.input_files)  # now also its external data files
+    model = load_for_output(args.model, args.output, input_files(args, config, ruleset))
     result = lint(model, ruleset)
-    report = render(result, args.format, fail_on=fail_on)
-    if args.output is not None:
-        atomic_write_text(args.output, report)
-    else:
-        sys.stdout.write(report if report.endswith("\n") else report + "\n")
+    emit(args.output, render(result, args.format, fail_on=fail_on))
     failing = result.failing(fail_on)
     return EXIT_FINDINGS if failing and not args.exit_zero else EXIT_CLEAN
