@@ -1,5 +1,5 @@
 """One module per subcommand. Each has `add_parser(subparsers)` and `run(args) -> exit code`."""
 
-from qdq.commands import explain, inspect, lint, rules
+from qdq.commands import explain, inspect, lint, rules, verify
 
-COMMANDS = (lint, inspect, rules, explain)
+COMMANDS = (lint, inspect, rules, explain, verify)

@@ -1,0 +1,514 @@
+"""Numerical comparison of two ONNX models in onnxruntime: a reference and a candidate, same inputs.
+
+Both models run on the CPU provider with graph optimisations off, so what runs is what each file
+says; their outputs are compared by name with max abs error, relative L2, cosine similarity, SQNR
+and an element-wise `atol + rtol*|a|` tolerance. This is not polygraphy's Comparator because we
+need cosine and SQNR, which it does not report, and the metrics are a few lines of numpy.
+
+Every problem the user can fix (unreadable inputs file, mismatched outputs, a model onnxruntime
+cannot load or run) is a `QdqError` with a one-line message.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import zipfile
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import onnx
+from onnx import TensorProto, numpy_helper
+
+from qdq.dtypes import type_name
+from qdq.errors import QdqError
+
+log = logging.getLogger("qdq")
+
+# Element types make_inputs can generate values for.
+_FLOAT_TYPES = {TensorProto.FLOAT: np.float32, TensorProto.FLOAT16: np.float16, TensorProto.DOUBLE: np.float64}
+_INT_TYPES = {
+    TensorProto.INT8: np.int8, TensorProto.UINT8: np.uint8, TensorProto.INT16: np.int16,
+    TensorProto.UINT16: np.uint16, TensorProto.INT32: np.int32, TensorProto.UINT32: np.uint32,
+    TensorProto.INT64: np.int64, TensorProto.UINT64: np.uint64,
+}
+_NUMPY_TYPES = {**_FLOAT_TYPES, **_INT_TYPES, TensorProto.BOOL: np.bool_}
+# The output types of a QuantizeLinear whose float range make_inputs samples: (qmin, qmax).
+_Q_RANGES = {
+    TensorProto.INT8: (-128, 127), TensorProto.UINT8: (0, 255),
+    TensorProto.INT16: (-32768, 32767), TensorProto.UINT16: (0, 65535),
+}
+
+
+@dataclass
+class OutputComparison:
+    """How one output of the candidate compares with the reference's (`a` reference, `b` candidate)."""
+
+    name: str
+    shape: tuple[int, ...]
+    max_abs_error: float
+    relative_l2: float  # ||b-a|| / ||a||; 0 if both are zero, inf if only a is
+    cosine: float  # of the flattened outputs; 1.0 if both are all-zero
+    sqnr_db: float  # 10*log10(||a||^2 / ||a-b||^2); inf when the values are equal
+    mismatched: int  # elements failing |a-b| <= atol + rtol*|a|
+    identical: bool  # bit-identical (NaNs in the same places count as equal)
+    passed: bool
+    nonfinite: int = 0  # elements where b is NaN/inf and a is finite (each one fails the output)
+
+    def to_dict(self) -> dict:
+        return {
+            "name": self.name,
+            "shape": list(self.shape),
+            "max_abs_error": self.max_abs_error,
+            "relative_l2": self.relative_l2,
+            "cosine": self.cosine,
+            "sqnr_db": self.sqnr_db,
+            "mismatched": self.mismatched,
+            "nonfinite": self.nonfinite,
+            "identical": self.identical,
+            "passed": self.passed,
+        }
+
+
+@dataclass
+class VerifyResult:
+    reference: str
+    candidate: str
+    inputs: str  # "random (seed 0)" or the .npz file
+    atol: float
+    rtol: float
+    min_sqnr: float | None
+    outputs: list[OutputComparison] = field(default_factory=list)
+
+    @property
+    def passed(self) -> bool:
+        return all(o.passed for o in self.outputs)
+
+    @property
+    def identical(self) -> bool:
+        return all(o.identical for o in self.outputs)
+
+    def to_dict(self) -> dict:
+        return {
+            "reference": self.reference,
+            "candidate": self.candidate,
+            "inputs": self.inputs,
+            "atol": self.atol,
+            "rtol": self.rtol,
+            "min_sqnr": self.min_sqnr,
+            "passed": self.passed,
+            "identical": self.identical,
+            "outputs": [o.to_dict() for o in self.outputs],
+        }
+
+
+# --- inputs ------------------------------------------------------------------------------------------
+
+
+def make_inputs(
+    model_path: Path,
+    seed: int = 0,
+    shapes: dict[str, tuple[int, ...]] | None = None,
+    range_from: Path | None = None,
+) -> dict[str, np.ndarray]:
+    """Random values for every graph input of the model, reproducible for a seed.
+
+    Dynamic dimensions become 1 unless `shapes` gives the input's shape. A float input that feeds a
+    QuantizeLinear directly is sampled uniformly over the float range that Q represents; other float
+    inputs are standard normal; integer inputs are zeros and bool inputs False. `range_from` is a
+    second model to take that Q range from when this model's input does not feed a Q (a float
+    reference compared with its quantized candidate).
+    """
+    model_path = Path(model_path)
+    graph = _load_graph(model_path)
+    inputs = _graph_inputs(graph)
+    shapes = dict(shapes or {})
+    unknown = sorted(set(shapes) - {i.name for i in inputs})
+    if unknown:
+        names = ", ".join(i.name for i in inputs) or "none"
+        raise QdqError(f"{model_path}: no graph input named {', '.join(map(repr, unknown))} (inputs: {names})")
+    other = _load_graph(Path(range_from)) if range_from is not None else None
+    rng = np.random.default_rng(seed)
+    feeds: dict[str, np.ndarray] = {}
+    for value in inputs:
+        elem_type = _elem_type(value, model_path)
+        if elem_type not in _NUMPY_TYPES:
+            raise QdqError(
+                f"{model_path}: input {value.name!r} has element type {_type_label(elem_type)}, which verify cannot feed"
+            )
+        dtype = _NUMPY_TYPES[elem_type]
+        shape = _input_shape(value, shapes.get(value.name), model_path)
+        if elem_type in _FLOAT_TYPES:
+            bounds = _q_range(graph, value.name, shape, model_path)
+            if bounds is None and other is not None:
+                bounds = _q_range(other, value.name, shape, Path(range_from))
+            if bounds is not None:
+                low, high = bounds
+                log.debug("input %r: uniform over the Q range [%g, %g]", value.name, np.min(low), np.max(high))
+                feeds[value.name] = rng.uniform(low, high, size=shape).astype(dtype)
+            else:
+                log.debug("input %r: standard normal", value.name)
+                feeds[value.name] = rng.standard_normal(shape).astype(dtype)
+        else:
+            feeds[value.name] = np.zeros(shape, dtype=dtype)
+    return feeds
+
+
+def load_inputs(npz_path: Path, model_path: Path) -> dict[str, np.ndarray]:
+    """The arrays of an .npz file, checked against the model's graph inputs (names, dtypes, ranks)."""
+    npz_path, model_path = Path(npz_path), Path(model_path)
+    arrays = _read_npz(npz_path)
+    inputs = _graph_inputs(_load_graph(model_path))
+    expected = {i.name for i in inputs}
+    missing = [i.name for i in inputs if i.name not in arrays]
+    extra = sorted(set(arrays) - expected)
+    if missing:
+        raise QdqError(f"{npz_path}: no array for the model input(s) {', '.join(map(repr, missing))}")
+    if extra:
+        raise QdqError(f"{npz_path}: array(s) {', '.join(map(repr, extra))} match no input of {model_path}")
+    for value in inputs:
+        array = arrays[value.name]
+        elem_type = _elem_type(value, model_path)
+        want = _numpy_dtype(elem_type)
+        if want is None:
+            raise QdqError(
+                f"{model_path}: input {value.name!r} has element type {_type_label(elem_type)}, which verify cannot feed"
+            )
+        if array.dtype != want:
+            raise QdqError(
+                f"{npz_path}: input {value.name!r} is {array.dtype}, the model expects {np.dtype(want)} (no casting is done)"
+            )
+        tensor_type = value.type.tensor_type
+        if tensor_type.HasField("shape"):
+            dims = list(tensor_type.shape.dim)
+            if array.ndim != len(dims):
+                raise QdqError(
+                    f"{npz_path}: input {value.name!r} has rank {array.ndim} (shape {_shape_text(array.shape)}), "
+                    f"the model expects rank {len(dims)}"
+                )
+            for axis, (dim, size) in enumerate(zip(dims, array.shape)):
+                if dim.HasField("dim_value") and dim.dim_value >= 0 and dim.dim_value != size:
+                    raise QdqError(
+                        f"{npz_path}: input {value.name!r} has shape {_shape_text(array.shape)}, "
+                        f"the model expects {dim.dim_value} on axis {axis}"
+                    )
+    return {i.name: arrays[i.name] for i in inputs}
+
+
+def _read_npz(path: Path) -> dict[str, np.ndarray]:
+    if not path.exists():
+        raise QdqError(f"{path}: no such file")
+    if path.is_dir():
+        raise QdqError(f"{path}: is a directory, not an .npz file")
+    try:
+        with open(path, "rb") as handle:  # our own handle: np.load leaks its own when the zip is corrupt
+            head = handle.read(6)
+            if head == b"\x93NUMPY":
+                raise QdqError(f"{path}: is an .npy file (one unnamed array); save the inputs by name with numpy.savez")
+            if not head.startswith(b"PK"):
+                raise QdqError(f"{path}: not an .npz archive (numpy.savez) of named arrays")
+            handle.seek(0)
+            with np.load(handle, allow_pickle=False) as archive:
+                return {name: archive[name] for name in archive.files}
+    except QdqError:
+        raise
+    except (OSError, ValueError, EOFError, zipfile.BadZipFile, KeyError) as exc:
+        raise QdqError(f"{path}: cannot read as .npz: {_first_line(exc)}") from None
+
+
+# --- running and comparing ---------------------------------------------------------------------------
+
+
+def compare(
+    reference: Path,
+    candidate: Path,
+    feeds: dict[str, np.ndarray],
+    atol: float = 1e-4,
+    rtol: float = 1e-3,
+    min_sqnr: float | None = None,
+    inputs_label: str = "",
+) -> VerifyResult:
+    """Run both models on `feeds` and compare their outputs by name."""
+    reference, candidate = Path(reference), Path(candidate)
+    ref_session, cand_session = _session(reference), _session(candidate)
+    ref_names = [o.name for o in ref_session.get_outputs()]
+    cand_names = [o.name for o in cand_session.get_outputs()]
+    if set(ref_names) != set(cand_names):
+        only_ref = [n for n in ref_names if n not in cand_names]
+        only_cand = [n for n in cand_names if n not in ref_names]
+        parts = []
+        if only_ref:
+            parts.append(f"only in {reference}: {', '.join(only_ref)}")
+        if only_cand:
+            parts.append(f"only in {candidate}: {', '.join(only_cand)}")
+        raise QdqError(f"the models have different outputs ({'; '.join(parts)})")
+    ref_out = dict(zip(ref_names, _run(ref_session, reference, feeds)))
+    cand_out = dict(zip(cand_names, _run(cand_session, candidate, feeds)))
+    result = VerifyResult(
+        reference=str(reference), candidate=str(candidate), inputs=inputs_label,
+        atol=atol, rtol=rtol, min_sqnr=min_sqnr,
+    )
+    for name in ref_names:
+        a = _as_array(ref_out[name], name, reference)
+        b = _as_array(cand_out[name], name, candidate)
+        if a.shape != b.shape:
+            raise QdqError(
+                f"output {name!r} has shape {_shape_text(a.shape)} in {reference} but {_shape_text(b.shape)} in {candidate}"
+            )
+        result.outputs.append(compare_arrays(name, a, b, atol, rtol, min_sqnr))
+    return result
+
+
+def compare_arrays(
+    name: str, a: np.ndarray, b: np.ndarray, atol: float = 1e-4, rtol: float = 1e-3, min_sqnr: float | None = None
+) -> OutputComparison:
+    """The metrics of one output pair of the same shape (`a` reference, `b` candidate)."""
+    identical = _bit_identical(a, b)
+    a64, b64 = a.astype(np.float64).ravel(), b.astype(np.float64).ravel()
+    with np.errstate(all="ignore"):
+        nonfinite = int(np.count_nonzero(np.isfinite(a64) & ~np.isfinite(b64)))
+        # Elements equal in both (same value, same inf, both NaN) count as zero error, so a NaN or
+        # inf the two outputs agree on does not poison the norms; a disagreeing one does.
+        agree = (a64 == b64) | (np.isnan(a64) & np.isnan(b64))
+        a64 = np.where(agree & ~np.isfinite(a64), 0.0, a64)
+        b64 = np.where(agree & ~np.isfinite(b64), 0.0, b64)
+        diff = a64 - b64
+        abs_diff = np.abs(diff)
+        max_abs = float(np.max(abs_diff)) if abs_diff.size else 0.0  # NaN if any element disagrees by NaN
+        norm_a, norm_b, norm_d = (float(np.linalg.norm(v)) for v in (a64, b64, diff))
+        mismatched = int(np.count_nonzero(~(abs_diff <= atol + rtol * np.abs(a64))))
+        if norm_a == 0.0:
+            relative_l2 = 0.0 if norm_d == 0.0 else math.inf
+        else:
+            relative_l2 = norm_d / norm_a
+        if norm_d == 0.0 or (norm_a == 0.0 and norm_b == 0.0):
+            cosine = 1.0  # equal values (or both all-zero): exactly 1, not 1 - rounding
+        elif norm_a == 0.0 or norm_b == 0.0:
+            cosine = 0.0
+        else:
+            cosine = float(np.clip(np.dot(a64, b64) / (norm_a * norm_b), -1.0, 1.0))
+        if norm_d == 0.0:
+            sqnr = math.inf
+        elif norm_a == 0.0:
+            sqnr = -math.inf
+        else:
+            sqnr = float(20.0 * np.log10(norm_a / norm_d))  # = 10*log10(||a||^2/||a-b||^2), without overflow
+    passed = mismatched == 0 and nonfinite == 0 and (min_sqnr is None or sqnr >= min_sqnr)
+    return OutputComparison(
+        name=name, shape=tuple(int(d) for d in a.shape), max_abs_error=max_abs, relative_l2=float(relative_l2),
+        cosine=cosine, sqnr_db=sqnr, mismatched=mismatched, identical=identical, passed=passed, nonfinite=nonfinite,
+    )
+
+
+def _bit_identical(a: np.ndarray, b: np.ndarray) -> bool:
+    if a.dtype != b.dtype or a.shape != b.shape:
+        return False
+    if a.dtype.kind == "f":
+        nan_a, nan_b = np.isnan(a), np.isnan(b)
+        return bool(np.array_equal(nan_a, nan_b)) and a[~nan_a].tobytes() == b[~nan_b].tobytes()
+    return a.tobytes() == b.tobytes()
+
+
+def _session(path: Path):
+    import onnxruntime as ort  # imported here: the rest of qdq does not need it
+
+    options = ort.SessionOptions()
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    # ORT logs a failing node on stderr before raising; the error is reported once, as a QdqError.
+    options.log_severity_level = 2 if log.isEnabledFor(logging.DEBUG) else 4
+    try:
+        return ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+    except Exception as exc:
+        raise QdqError(f"{path}: onnxruntime cannot load the model: {_first_line(exc)}") from None
+
+
+def _run(session, path: Path, feeds: dict[str, np.ndarray]) -> list:
+    needed = [i.name for i in session.get_inputs()]
+    missing = [n for n in needed if n not in feeds]
+    if missing:
+        raise QdqError(f"{path}: no value given for the input(s) {', '.join(map(repr, missing))}")
+    unused = sorted(set(feeds) - set(needed))
+    if unused:
+        log.info("%s does not read the input(s) %s", path, ", ".join(unused))
+    try:
+        return session.run(None, {n: feeds[n] for n in needed})
+    except Exception as exc:
+        raise QdqError(f"{path}: onnxruntime failed to run the model: {_first_line(exc)}") from None
+
+
+def _as_array(value: object, name: str, path: Path) -> np.ndarray:
+    if not isinstance(value, np.ndarray):
+        raise QdqError(f"{path}: output {name!r} is a {type(value).__name__}, not a tensor; only tensors are compared")
+    if value.dtype.kind not in "biuf":
+        raise QdqError(f"{path}: output {name!r} has dtype {value.dtype}, which cannot be compared numerically")
+    return value
+
+
+# --- graph inputs ------------------------------------------------------------------------------------
+
+
+def _load_graph(path: Path) -> onnx.GraphProto:
+    try:
+        return onnx.load(str(path), load_external_data=False).graph
+    except FileNotFoundError:
+        raise QdqError(f"{path}: no such file") from None
+    except Exception as exc:
+        raise QdqError(f"{path}: not a valid ONNX model ({_first_line(exc)})") from None
+
+
+def _graph_inputs(graph: onnx.GraphProto) -> list[onnx.ValueInfoProto]:
+    initializers = {t.name for t in graph.initializer}
+    return [i for i in graph.input if i.name not in initializers]
+
+
+def _elem_type(value: onnx.ValueInfoProto, path: Path) -> int:
+    if not value.type.HasField("tensor_type"):
+        kind = value.type.WhichOneof("value") or "unknown"
+        raise QdqError(f"{path}: input {value.name!r} is a {kind.replace('_type', '')}, not a tensor; verify feeds tensors only")
+    elem_type = value.type.tensor_type.elem_type
+    if elem_type == TensorProto.UNDEFINED:
+        raise QdqError(f"{path}: input {value.name!r} has no element type")
+    return elem_type
+
+
+def _numpy_dtype(elem_type: int) -> np.dtype | None:
+    if elem_type in _NUMPY_TYPES:
+        return np.dtype(_NUMPY_TYPES[elem_type])
+    return None
+
+
+def _type_label(elem_type: int) -> str:
+    try:
+        return TensorProto.DataType.Name(elem_type).lower()
+    except ValueError:
+        return f"unknown ({elem_type})"
+
+
+def _input_shape(value: onnx.ValueInfoProto, given: tuple[int, ...] | None, path: Path) -> tuple[int, ...]:
+    tensor_type = value.type.tensor_type
+    if not tensor_type.HasField("shape"):
+        if given is None:
+            raise QdqError(f"{path}: input {value.name!r} has no declared shape; give its shape")
+        return tuple(given)
+    dims = list(tensor_type.shape.dim)
+    if given is None:
+        return tuple(d.dim_value if d.HasField("dim_value") and d.dim_value >= 0 else 1 for d in dims)
+    given = tuple(int(s) for s in given)
+    if len(given) != len(dims):
+        raise QdqError(
+            f"input {value.name!r}: shape {_shape_text(given)} has rank {len(given)}, the model expects rank {len(dims)}"
+        )
+    for axis, (dim, size) in enumerate(zip(dims, given)):
+        if dim.HasField("dim_value") and dim.dim_value >= 0 and dim.dim_value != size:
+            raise QdqError(
+                f"input {value.name!r}: shape {_shape_text(given)} has {size} on axis {axis}, "
+                f"the model fixes it to {dim.dim_value}"
+            )
+    return given
+
+
+def _q_range(graph: onnx.GraphProto, name: str, shape: tuple[int, ...], path: Path):
+    """(low, high) of the float range the QuantizeLinear that first consumes `name` represents, or None.
+
+    Only a Q with constant (initializer) scale and zero-point of an int8/uint8/int16/uint16 output
+    counts; per-axis parameters give per-channel bounds that broadcast over `shape`.
+    """
+    consumer = next((n for n in graph.node if name in n.input), None)
+    if consumer is None or consumer.op_type != "QuantizeLinear" or consumer.domain not in ("", "ai.onnx", "com.microsoft"):
+        return None
+    if not consumer.input or consumer.input[0] != name or len(consumer.input) < 2:
+        return None
+    attrs = {a.name: onnx.helper.get_attribute_value(a) for a in consumer.attribute}
+    if attrs.get("block_size", 0):
+        return None
+    initializers = {t.name: t for t in graph.initializer}
+    scale_t = initializers.get(consumer.input[1])
+    zp_name = consumer.input[2] if len(consumer.input) > 2 else ""
+    zp_t = initializers.get(zp_name) if zp_name else None
+    if scale_t is None or (zp_name and zp_t is None):
+        return None
+    qtype = zp_t.data_type if zp_t is not None else (attrs.get("output_dtype") or TensorProto.UINT8)
+    if qtype not in _Q_RANGES:
+        log.debug("input %r feeds a Q to %s; sampling standard normal", name, type_name(qtype))
+        return None
+    base_dir = str(path.parent)
+    scale = numpy_helper.to_array(scale_t, base_dir=base_dir).astype(np.float64)
+    zp = numpy_helper.to_array(zp_t, base_dir=base_dir).astype(np.float64) if zp_t is not None else np.zeros_like(scale)
+    if zp.shape != scale.shape and zp.size != 1:
+        return None
+    if scale.size != 1:  # per-axis: a 1-D scale along `axis`
+        axis = attrs.get("axis", 1)
+        axis = axis + len(shape) if axis < 0 else axis
+        if scale.ndim != 1 or not 0 <= axis < len(shape) or shape[axis] != scale.size:
+            return None
+        broadcast = [1] * len(shape)
+        broadcast[axis] = scale.size
+        scale, zp = scale.reshape(broadcast), np.broadcast_to(zp.reshape(-1), scale.shape).reshape(broadcast)
+    else:
+        scale, zp = scale.reshape(()), zp.reshape(())
+    qmin, qmax = _Q_RANGES[qtype]
+    first, second = (qmin - zp) * scale, (qmax - zp) * scale
+    return np.minimum(first, second), np.maximum(first, second)
+
+
+# --- text report -------------------------------------------------------------------------------------
+
+
+def render_text(result: VerifyResult) -> str:
+    """A header line, one aligned row per output, a summary line."""
+    tolerance = f"atol {result.atol:g}, rtol {result.rtol:g}"
+    if result.min_sqnr is not None:
+        tolerance += f", min SQNR {result.min_sqnr:g} dB"
+    lines = [f"reference {result.reference}, candidate {result.candidate}; inputs {result.inputs or 'given'}; {tolerance}"]
+    rows = [("output", "shape", "max abs err", "rel L2", "cosine", "SQNR dB", "result")]
+    for o in result.outputs:
+        if o.identical:
+            status = "identical"
+        elif o.passed:
+            status = "PASS"
+        else:
+            reasons = []
+            if o.mismatched:
+                reasons.append(f"{o.mismatched} of {math.prod(o.shape)} mismatched")
+            if o.nonfinite:
+                reasons.append(f"{o.nonfinite} NaN/inf")
+            if result.min_sqnr is not None and not o.sqnr_db >= result.min_sqnr:
+                reasons.append("SQNR too low")
+            status = f"FAIL ({', '.join(reasons)})" if reasons else "FAIL"
+        rows.append((
+            o.name, _shape_text(o.shape), _num(o.max_abs_error), _num(o.relative_l2),
+            _num(o.cosine, "{:.6f}"), _num(o.sqnr_db, "{:.1f}"), status,
+        ))
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    for row in rows:
+        cells = [row[0].ljust(widths[0]), row[1].ljust(widths[1])]
+        cells += [cell.rjust(width) for cell, width in zip(row[2:6], widths[2:6])]
+        cells.append(row[6])
+        lines.append("  ".join(cells).rstrip())
+    total = len(result.outputs)
+    failed = [o.name for o in result.outputs if not o.passed]
+    if result.identical:
+        lines.append(f"identical: all {total} output(s) are bit-identical")
+    elif not failed:
+        lines.append(f"PASS: all {total} output(s) within tolerance")
+    else:
+        lines.append(f"FAIL: {len(failed)} of {total} output(s) past tolerance: {', '.join(failed)}")
+    return "\n".join(lines) + "\n"
+
+
+def _num(value: float, fmt: str = "{:.3g}") -> str:
+    if math.isnan(value):
+        return "nan"
+    if math.isinf(value):
+        return "inf" if value > 0 else "-inf"
+    return fmt.format(value)
+
+
+def _shape_text(shape: tuple[int, ...]) -> str:
+    return "x".join(str(d) for d in shape) if shape else "scalar"
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip() or type(exc).__name__
+    return text.splitlines()[0][:300]
