@@ -8,6 +8,8 @@ config built for qint8, observers disabled, the TorchScript exporter.
     model = prepare_qat_fx(model, symmetric_int8_qconfig_mapping(), (x,), backend_config=int8_backend_config())
     ...train...
     export_onnx(model, (x,), "model.onnx")
+
+`pow2_int8_qconfig_mapping()` is the same recipe with power-of-two scales, for NPU targets.
 """
 
 from __future__ import annotations
@@ -15,8 +17,15 @@ from __future__ import annotations
 import warnings
 from pathlib import Path
 
+import numpy as np
 import torch
-from torch.ao.quantization import FakeQuantize, MovingAverageMinMaxObserver, QConfig, QConfigMapping
+from torch.ao.quantization import (
+    FakeQuantize,
+    MovingAverageMinMaxObserver,
+    MovingAveragePerChannelMinMaxObserver,
+    QConfig,
+    QConfigMapping,
+)
 from torch.ao.quantization.backend_config import BackendConfig, DTypeConfig
 
 # Private torch API (torch.ao's own pattern lists); kept in one place so a torch move breaks here only.
@@ -65,6 +74,82 @@ def symmetric_int8_qconfig_mapping() -> QConfigMapping:
         dtype=torch.qint8, qscheme=torch.per_tensor_symmetric, eps=2**-12,
     )
     return QConfigMapping().set_global(QConfig(activation=fake_quant, weight=fake_quant))
+
+
+def pow2_scale(
+    min_val: torch.Tensor, max_val: torch.Tensor, quant_max: int = 127, floor: float = 2**-12
+) -> torch.Tensor:
+    """The smallest power of two `s` with `s * quant_max >= max(|min_val|, |max_val|)`, at least `floor`.
+
+    That is 2**ceil(log2(absmax / quant_max)): rounding the exponent up never clips the observed
+    range (rounding it to nearest can clip up to 29 % of it). Computed with frexp/ldexp, which are
+    exact, instead of trusting log2 at the boundaries; an unobserved range (±inf) or absmax 0
+    gets the floor. Returns float32 (every power of two in range is exact there).
+    """
+    lo = min_val.detach().cpu().double().numpy()
+    hi = max_val.detach().cpu().double().numpy()
+    absmax = np.maximum(np.maximum(-lo, hi), 0.0)
+    absmax = np.where(np.isfinite(absmax), absmax, 0.0)
+    mantissa, exponent = np.frexp(absmax / quant_max)  # ratio = mantissa * 2**exponent, mantissa in [0.5, 1)
+    scale = np.ldexp(1.0, np.where(mantissa == 0.5, exponent - 1, exponent))
+    scale = np.where(scale * quant_max < absmax, scale * 2, scale)  # guard: the division rounded down
+    scale = np.where(absmax > 0, np.maximum(scale, floor), floor)
+    return torch.from_numpy(np.atleast_1d(scale).astype(np.float32))
+
+
+class _Pow2QParams:
+    """Mixin for torch's min/max observers: symmetric power-of-two scale, zero-point 0.
+
+    The observer keeps tracking min/max as its base class does; only the qparams change. The
+    floor is the observer's `eps`, so it must be a power of two itself.
+    """
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        eps = float(self.eps)
+        if np.frexp(eps)[0] != 0.5:
+            raise ValueError(f"eps must be a power of two (it is the smallest scale), got {eps!r}")
+        if self.qscheme not in (torch.per_tensor_symmetric, torch.per_channel_symmetric):
+            raise ValueError(f"power-of-two scales need a symmetric qscheme, got {self.qscheme}")
+
+    def calculate_qparams(self) -> tuple[torch.Tensor, torch.Tensor]:  # not scriptable (numpy)
+        scale = pow2_scale(self.min_val, self.max_val, self.quant_max, float(self.eps))
+        if self.qscheme == torch.per_tensor_symmetric:
+            scale = scale.reshape(1)
+        return scale, torch.zeros(scale.shape, dtype=torch.int64)
+
+
+class Pow2MovingAverageMinMaxObserver(_Pow2QParams, MovingAverageMinMaxObserver):
+    """Per-tensor observer whose scale is 2**ceil(log2(absmax / 127)) of its (moving-average) range."""
+
+
+class Pow2MovingAveragePerChannelMinMaxObserver(_Pow2QParams, MovingAveragePerChannelMinMaxObserver):
+    """Per-channel variant: one power-of-two scale per channel of `ch_axis`."""
+
+
+def pow2_int8_qconfig_mapping(per_channel_weights: bool = False) -> QConfigMapping:
+    """Symmetric int8 [-128, 127] fake-quant with exact power-of-two scales (NPU fix-point targets).
+
+    Same exportable `FakeQuantize` as `symmetric_int8_qconfig_mapping`, with a power-of-two observer.
+    Activations use a moving-average range (robust to a single outlier batch); weights use
+    averaging constant 1, so their scale covers the weight being quantized in that step.
+    Exports through `export_onnx` to plain QuantizeLinear/DequantizeLinear.
+    """
+    common = dict(quant_min=-128, quant_max=127, dtype=torch.qint8, eps=2**-12)
+    activation = FakeQuantize.with_args(
+        observer=Pow2MovingAverageMinMaxObserver, qscheme=torch.per_tensor_symmetric, **common
+    )
+    if per_channel_weights:
+        weight = FakeQuantize.with_args(
+            observer=Pow2MovingAveragePerChannelMinMaxObserver, qscheme=torch.per_channel_symmetric,
+            ch_axis=0, averaging_constant=1.0, **common,
+        )
+    else:
+        weight = FakeQuantize.with_args(
+            observer=Pow2MovingAverageMinMaxObserver, qscheme=torch.per_tensor_symmetric,
+            averaging_constant=1.0, **common,
+        )
+    return QConfigMapping().set_global(QConfig(activation=activation, weight=weight))
 
 
 def export_onnx(
