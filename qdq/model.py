@@ -22,7 +22,7 @@ from google.protobuf.message import DecodeError
 from onnx import TensorProto, numpy_helper
 
 from qdq.errors import ModelLoadError, OutputError
-from qdq.files import atomic_write_bytes, check_writable
+from qdq.files import atomic_write_bytes, check_writable, same_file
 
 # QuantizeLinear and DequantizeLinear exist from opset 10 on.
 MIN_OPSET = 10
@@ -94,17 +94,18 @@ def load_model(path: str | os.PathLike) -> Model:
     return Model(graph=graph, path=path, opset=opset, proto=proto)
 
 
-def save_model(model: Model, out_path: str | os.PathLike) -> None:
+def save_model(model: Model, out_path: str | os.PathLike, in_place: bool = False) -> None:
     """Write the model atomically; external weights stay external and are never overwritten.
 
     Unchanged external tensors keep pointing at their data file. When the output goes to another
     folder the data file is copied next to it (under a new name if that name is taken), so the
     input's data is never touched. Large tensors that a fix created are written to a new data file.
-    The output may not be the input model or one of its data files. If anything fails, the files
-    this call created are removed again and an existing output is left as it was.
+    The output may not be the input model (unless `in_place`) or one of its data files. If anything
+    fails, the files this call created are removed again and an existing output is left as it was.
     """
     out_path = Path(out_path)
-    check_writable(out_path, inputs=model.input_files)
+    protected = [f for f in model.input_files if not (in_place and same_file(Path(f), model.path))]
+    check_writable(out_path, inputs=protected)
     with gc_paused():
         proto = gs.export_onnx(model.graph)
     proto.ir_version = model.proto.ir_version

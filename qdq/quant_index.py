@@ -186,6 +186,11 @@ class QTensor:
     float_input: gs.Tensor | None
 
     @property
+    def nodes(self) -> list[gs.Node]:
+        """The Q (if any) and every DQ: the nodes that must agree on this value's parameters."""
+        return ([self.quantize] if self.quantize is not None else []) + self.dequantizes
+
+    @property
     def stored(self) -> bool:
         """True when the integer values are stored in the model (a quantized weight or bias)."""
         return self.quantize is None and resolve_constant(self.integer) is not None
@@ -269,6 +274,14 @@ class QuantIndex:
         """The Q nodes that quantize this float tensor."""
         return [n for n in tensor.outputs if self._is_indexed(n, QUANTIZE) and n.inputs and n.inputs[0] is tensor]
 
+    def qtensor_of(self, node: gs.Node) -> QTensor | None:
+        """The quantized value a Q or DQ node belongs to."""
+        return self._qtensor_by_node.get(id(node))
+
+    def refresh(self, node: gs.Node) -> None:
+        """Re-read one Q/DQ node's parameters after a fix swapped its scale or zero-point constant."""
+        self._params[id(node)] = self._read_params(node)
+
     def _is_indexed(self, node: gs.Node, op: str) -> bool:
         return node.op == op and id(node) in self._params
 
@@ -300,6 +313,14 @@ class QuantIndex:
             dqs = [c for c in source.outputs if self._is_indexed(c, DEQUANTIZE)]
             result.append(QTensor(source, None, dqs, None))
         return result
+
+    @cached_property
+    def _qtensor_by_node(self) -> dict[int, QTensor]:
+        found: dict[int, QTensor] = {}
+        for qt in self.qtensors:
+            for node in qt.nodes:
+                found[id(node)] = qt
+        return found
 
     def node_quant(self, node: gs.Node) -> NodeQuant:
         """Which params each input of a compute op was dequantized with, and which Qs read each output."""

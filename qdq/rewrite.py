@@ -30,12 +30,16 @@ def scalar_constant(name: str, value: np.ndarray) -> gs.Constant:
     return gs.Constant(name, np.asarray(value).reshape(()).copy())
 
 
-def unique_name(graph: gs.Graph, base: str) -> str:
-    """A tensor name not yet used in the graph."""
-    taken = graph.tensors()
-    if base not in taken:
-        return base
-    index = 1
-    while f"{base}_{index}" in taken:
-        index += 1
-    return f"{base}_{index}"
+class Names:
+    """Fresh tensor names for one fix run; collects the graph's names once instead of on every call."""
+
+    def __init__(self, graph: gs.Graph):
+        self._taken = set(graph.tensors())
+
+    def new(self, base: str) -> str:
+        name, index = base, 0
+        while name in self._taken:
+            index += 1
+            name = f"{base}_{index}"
+        self._taken.add(name)
+        return name

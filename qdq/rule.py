@@ -15,6 +15,7 @@ import onnx_graphsurgeon as gs
 
 from qdq.model import Model
 from qdq.quant_index import QuantIndex
+from qdq.rewrite import Names
 
 
 class Severity(IntEnum):
@@ -79,6 +80,14 @@ class Change:
     old: Any
     new: Any
     description: str
+    # Measured side effects (saturated values, weights rounded to zero, bits lost), for the report.
+    values: dict[str, Any] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "code": self.code, "node": self.node, "tensor": self.tensor,
+            "old": self.old, "new": self.new, "description": self.description, "values": self.values,
+        }
 
 
 @dataclass
@@ -89,10 +98,21 @@ class CheckContext:
     index: QuantIndex
     params: dict[str, Any]
     severity: Severity
+    # Shared by all rules of one fix run, so new constant names never collide.
+    names: Names | None = None
+    # Largest scale a value (by name) may take, recorded by fixes that need it that fine (a
+    # HardSigmoid output at pos ≥ 7), so that later alignments in the same run do not undo them.
+    ceilings: dict[str, float] = field(default_factory=dict)
 
     @property
     def graph(self) -> gs.Graph:
         return self.model.graph
+
+    def new_name(self, base: str) -> str:
+        """A tensor name not yet used in the graph, for a constant a fix creates."""
+        if self.names is None:
+            self.names = Names(self.graph)
+        return self.names.new(base)
 
 
 class Rule:
@@ -108,6 +128,9 @@ class Rule:
     severity: ClassVar[Severity] = Severity.WARNING
     fix_safety: ClassVar[FixSafety | None] = None
     parameters: ClassVar[dict[str, Any]] = {}
+    # False for fixes that only swap Q/DQ parameter constants (and refresh the index themselves),
+    # so the fix driver can keep its index instead of rebuilding it after them.
+    edits_graph: ClassVar[bool] = True
 
     def check(self, ctx: CheckContext) -> Iterable[Finding]:
         raise NotImplementedError

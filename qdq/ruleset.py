@@ -18,7 +18,7 @@ from qdq.errors import RuleSetError
 from qdq.rule import Rule, Severity, all_rules
 
 _RULE_KEYS = {"enabled", "severity"}
-_SET_KEYS = {"name", "description", "extends", "params", "rules", "select", "ignore"}
+_SET_KEYS = {"name", "description", "extends", "params", "rules", "select", "ignore", "fix-order"}
 
 
 @dataclass
@@ -41,11 +41,24 @@ class RuleSet:
     sources: list[str] = field(default_factory=list)
     # The [params] of this set and the sets it extends: rules that later sets turn on get them too.
     params: dict[str, Any] = field(default_factory=dict)
+    # Code prefixes in the order `qdq fix` applies them (a target's pass order); the rest follow by code.
+    fix_order: list[str] = field(default_factory=list)
 
     def enabled(self) -> list[tuple[Rule, RuleConfig]]:
         """Instances of the enabled rules, in code order."""
         registry = all_rules()
         return [(registry[code](), cfg) for code, cfg in sorted(self.rules.items()) if cfg.enabled]
+
+    def fix_sequence(self) -> list[tuple[Rule, RuleConfig]]:
+        """The enabled rules that have a fix, in the set's `fix-order`, then by code."""
+        order = [p.upper() for p in self.fix_order]
+
+        def rank(code: str) -> tuple[int, str]:
+            matches = [i for i, prefix in enumerate(order) if code.startswith(prefix)]
+            return (matches[0] if matches else len(order), code)
+
+        fixable = [(rule, cfg) for rule, cfg in self.enabled() if rule.fix_safety is not None]
+        return sorted(fixable, key=lambda pair: rank(pair[0].code))
 
     def narrowed(self, select: Iterable[str] = (), ignore: Iterable[str] = ()) -> RuleSet:
         """The same set with only the selected codes on and the ignored ones off (prefix match)."""
@@ -62,7 +75,7 @@ class RuleSet:
             if any(code.startswith(s) for s in ignore) or "ALL" in ignore:
                 on = False
             rules[code] = RuleConfig(code, on, cfg.severity, cfg.params)
-        return RuleSet(self.name, self.description, rules, self.sources, self.params)
+        return RuleSet(self.name, self.description, rules, self.sources, self.params, self.fix_order)
 
 
 def builtin_rules_dir() -> Path:
@@ -170,7 +183,8 @@ def _merge(base: RuleSet, data: dict, path: Path) -> RuleSet:
         rules[code] = cfg
     name = data.get("name") or path.stem
     description = data.get("description", base.description)
-    return RuleSet(str(name), str(description), rules, base.sources + [str(path)], inherited)
+    fix_order = _str_list(data, "fix-order", path) if "fix-order" in data else base.fix_order
+    return RuleSet(str(name), str(description), rules, base.sources + [str(path)], inherited, fix_order)
 
 
 def _typed_params(rule: type[Rule], values: dict, path: Path, strict: bool) -> dict[str, Any]:

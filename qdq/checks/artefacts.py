@@ -13,7 +13,7 @@ import numpy as np
 import onnx_graphsurgeon as gs
 
 from qdq.quant_index import PER_TENSOR, ConstantSource, QParams, QuantIndex, source_values
-from qdq.rewrite import set_input, unique_name
+from qdq.rewrite import set_input
 from qdq.rule import Change, CheckContext, Finding, FixSafety, Rule, Severity, register
 
 _SCALE, _ZERO_POINT = 1, 2
@@ -95,7 +95,7 @@ class NonScalarQParams(Rule):
             values = source_values(ctx.model, source).reshape(())
             scalar = _existing_constant(ctx.graph, f"{constant.name}_scalar", values)
             if scalar is None:
-                scalar = gs.Constant(unique_name(ctx.graph, f"{constant.name}_scalar"), values)
+                scalar = gs.Constant(ctx.new_name(f"{constant.name}_scalar"), values)
             set_input(p.node, slot, scalar)
             target = scalar.name
         return Change(self.code, p.node.name, target, old_shape, [], f"{_slot_name(slot)} reshaped to a scalar")
@@ -176,7 +176,7 @@ class QParamPassThrough(Rule):
             values = source_values(ctx.model, source)
             root = _existing_constant(ctx.graph, f"{old.name}_const", values)
             if root is None:
-                root = gs.Constant(unique_name(ctx.graph, f"{old.name}_const"), values)
+                root = gs.Constant(ctx.new_name(f"{old.name}_const"), values)
         set_input(p.node, slot, root)
         return [Change(self.code, p.node.name, old.name, old.name, root.name, f"{_slot_name(slot)} read directly")]
 
