@@ -1,0 +1,104 @@
+"""The quantized operands of a compute op: which value each input reads and which value its output is.
+
+Rules that relate scales across an op (Concat alignment, NPU shift limits, bias = input × weight)
+ask here instead of walking Q/DQ chains. Where a compiler reads an op's output scale further
+down (the NPU reads a Conv's output after a fused Relu, an AvgPool's after its DPU multiply),
+the rule set names those ops in the `output_through` and `output_through_mul` parameters.
+"""
+
+from __future__ import annotations
+
+from typing import Iterable
+
+import numpy as np
+import onnx_graphsurgeon as gs
+
+from qdq import pow2
+from qdq.quant_index import PER_TENSOR, QuantIndex, QTensor, resolve_constant
+
+# Which inputs of an op hold its weight and bias (ONNX semantics, not target knowledge).
+WEIGHT_INPUT = {"Conv": 1, "ConvTranspose": 1, "Gemm": 1, "MatMul": 1}
+BIAS_INPUT = {"Conv": 2, "ConvTranspose": 2, "Gemm": 2}
+
+ACTIVATION, WEIGHT, BIAS = "activation", "weight", "bias"
+
+
+def input_value(index: QuantIndex, node: gs.Node, i: int) -> QTensor | None:
+    """The quantized value input `i` of a node is dequantized from, if any."""
+    if i >= len(node.inputs) or node.inputs[i] is None or node.inputs[i].name == "":
+        return None
+    dq = index.dequantize_feeding(node.inputs[i])
+    return index.qtensor_of(dq) if dq is not None else None
+
+
+def input_values(index: QuantIndex, node: gs.Node) -> list[QTensor | None]:
+    return [input_value(index, node, i) for i in range(len(node.inputs))]
+
+
+def output_value(
+    index: QuantIndex, node: gs.Node, through: Iterable[str] = (), through_mul: Iterable[str] = ()
+) -> QTensor | None:
+    """The quantized value of a node's first output: the Q reading it, or one step further down.
+
+    With no Q on the output, a single consumer whose op is in `through` (a fused activation) is
+    followed, and so is a single Mul after an op in `through_mul` (the DPU's pool multiply).
+    """
+    if not node.outputs:
+        return None
+    out = node.outputs[0]
+    for consumer, _ in index.consumers_through(out):
+        qt = index.qtensor_of(consumer) if consumer.op == "QuantizeLinear" else None
+        if qt is not None and qt.quantize is consumer:
+            return qt
+    consumers = out.outputs
+    if len(consumers) == 1 and not index.is_graph_output(out):
+        follow = consumers[0]
+        if follow.op in set(through) or (follow.op == "Mul" and node.op in set(through_mul)):
+            return output_value(index, follow)
+    return None
+
+
+def role(index: QuantIndex, qt: QTensor) -> str:
+    """Whether a value is a weight, a bias or an activation, from what reads it and where it comes from."""
+    from_constant = qt.stored or (
+        qt.quantize is not None and qt.quantize.inputs and resolve_constant(qt.quantize.inputs[0]) is not None
+    )
+    if not from_constant:
+        return ACTIVATION
+    for dq in qt.dequantizes:
+        for tensor in dq.outputs:
+            for consumer, _ in index.consumers_through(tensor):
+                slot = [i for i, t in enumerate(consumer.inputs) if _reaches(t, tensor)]
+                if BIAS_INPUT.get(consumer.op) in slot:
+                    return BIAS
+                if WEIGHT_INPUT.get(consumer.op) in slot:
+                    return WEIGHT
+    return ACTIVATION
+
+
+def _reaches(tensor: gs.Tensor | None, source: gs.Tensor) -> bool:
+    """True when `tensor` is `source` or is made from it by Identity/Cast only."""
+    while tensor is not None:
+        if tensor is source:
+            return True
+        if len(tensor.inputs) != 1 or tensor.inputs[0].op not in ("Identity", "Cast") or not tensor.inputs[0].inputs:
+            return False
+        tensor = tensor.inputs[0].inputs[0]
+    return False
+
+
+def scale_of(index: QuantIndex, qt: QTensor) -> float | None:
+    """The single scale of a per-tensor value with constant parameters, else None."""
+    params = index.params(qt.nodes[0])
+    if params.dynamic or params.granularity != PER_TENSOR or params.scale.size != 1:
+        return None
+    value = float(params.scale.ravel()[0])
+    return value if value > 0 and np.isfinite(value) else None
+
+
+def pos_of(index: QuantIndex, qt: QTensor | None) -> int | None:
+    """The fix position of a per-tensor power-of-two value (scale = 2^-pos), else None."""
+    if qt is None:
+        return None
+    scale = scale_of(index, qt)
+    return pow2.int_pos(scale) if scale is not None and pow2.is_pow2(scale) else None

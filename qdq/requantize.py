@@ -1,0 +1,195 @@
+"""Give a quantized value new parameters, keeping what the model computes as close as the new grid allows.
+
+This is where the reference NPU tool goes wrong (defects D1-D4 in the NPU catalogue): it rewrites
+a DequantizeLinear's scale but leaves the stored integers alone, so every weight silently changes
+by 2^(old - new). Here a scale change:
+
+- reaches every Q and DQ of the value, found through graph edges (`QTensor.nodes`), never names;
+- never edits a constant in place: new constants are created, so an initializer shared with
+  another value keeps its old contents;
+- re-quantizes stored integers (int8 weights, int32 biases) with round-half-to-even and clipping,
+  `q_new = clip(rint((q_old - zp_old) * s_old / s_new) + zp_new)`, and measures the cost:
+  values saturated, non-zero values rounded to zero, and the SQNR of the dequantized tensor;
+- for a float weight behind a Q, measures the same figures (the Q re-quantizes at run time).
+"""
+
+from __future__ import annotations
+
+import math
+import re
+
+import numpy as np
+import onnx_graphsurgeon as gs
+from onnx import helper
+
+from qdq import pow2
+from qdq.quant_index import QParams, QTensor, resolve_constant, source_values
+from qdq.rule import Change, CheckContext
+
+
+def set_params(
+    ctx: CheckContext,
+    qt: QTensor,
+    scale: float | np.ndarray,
+    code: str,
+    reason: str,
+    zero_point: float | np.ndarray | None = None,
+    axis: int | None = None,
+) -> list[Change]:
+    """Set the scale (and optionally zero-point and axis) of every Q and DQ of `qt`; one Change.
+
+    `scale` may change shape (per-axis to per-tensor); `zero_point` defaults to the old one,
+    which must then be uniform. Returns no change when the values are already these.
+    """
+    first = ctx.index.params(qt.nodes[0])
+    if first.dynamic:
+        raise ValueError(f"{qt.integer.name}: parameters are computed at run time")
+    old_scale, old_zp = first.scale, first.zero_point
+    new_scale = np.asarray(scale, dtype=np.float64)
+    new_zp = _new_zero_point(old_zp, new_scale, zero_point)
+    new_axis = first.axis if axis is None else axis
+    if _same(old_scale, new_scale) and _same(old_zp, new_zp) and new_axis == first.axis:
+        return []
+
+    scale_const = gs.Constant(ctx.new_name(_base(qt, "scale")), new_scale.astype(_np_type(first.scale_source.elem_type)))
+    zp_const = None
+    if first.zero_point_input is not None or np.any(new_zp != 0):
+        zp_const = gs.Constant(ctx.new_name(_base(qt, "zero_point")), new_zp.astype(_np_type(first.elem_type)))
+    values: dict = {}
+    if qt.stored:
+        values = _requantize_stored(ctx, qt, first, new_scale, new_zp, new_axis)
+    elif qt.quantize is not None:
+        values = _measure_float_constant(ctx, qt, new_scale, new_zp, new_axis, first)
+    for node in qt.nodes:
+        _set_input(node, 1, scale_const)
+        if zp_const is not None:
+            _set_input(node, 2, zp_const)
+        if new_scale.size > 1:
+            node.attrs["axis"] = new_axis
+        else:
+            node.attrs.pop("axis", None)
+        ctx.index.refresh(node)
+    values.update(_pos_shift(old_scale, new_scale))
+    name = qt.float_input.name if qt.float_input is not None else qt.integer.name
+    return [Change(code, qt.nodes[0].name, name, describe(old_scale, old_zp), describe(new_scale, new_zp),
+                   _sentence(reason, values), values)]
+
+
+def describe(scale: np.ndarray, zero_point: np.ndarray) -> str:
+    """`2^-7` for a power-of-two scale, else the number; the zero-point only when it is not 0."""
+    flat = np.asarray(scale, dtype=np.float64).ravel()
+    if flat.size == 1:
+        value = float(flat[0])
+        text = f"2^{-pow2.int_pos(value)}" if pow2.is_pow2(value) else f"{value:.6g}"
+    else:
+        text = f"{flat.size} per-axis scales in [{flat.min():.6g}, {flat.max():.6g}]"
+    zps = np.unique(np.asarray(zero_point).ravel())
+    if zps.size > 1 or (zps.size == 1 and zps[0] != 0):
+        text += f" zp {int(zps[0])}" if zps.size == 1 else " per-axis zp"
+    return text
+
+
+def _requantize_stored(
+    ctx: CheckContext, qt: QTensor, params: QParams, scale: np.ndarray, zp: np.ndarray, axis: int
+) -> dict:
+    """Write re-quantized integers as a new constant read by every DQ of the value."""
+    source = resolve_constant(qt.integer)
+    old_q = source_values(ctx.model, source).astype(np.float64)
+    real = (old_q - _along(params.zero_point, old_q.ndim, params.axis)) * _along(params.scale, old_q.ndim, params.axis)
+    new_q, values = _quantize(real, scale, zp, axis, params)
+    dtype = _np_type(params.elem_type)
+    constant = gs.Constant(ctx.new_name(_base(qt, "q")), new_q.astype(dtype))
+    for node in qt.dequantizes:
+        _set_input(node, 0, constant)
+    return values
+
+
+def _measure_float_constant(
+    ctx: CheckContext, qt: QTensor, scale: np.ndarray, zp: np.ndarray, axis: int, params: QParams
+) -> dict:
+    """For a float weight behind a Q: what the new grid does to it (nothing is rewritten)."""
+    source = resolve_constant(qt.quantize.inputs[0]) if qt.quantize.inputs else None
+    if source is None:
+        return {}
+    real = source_values(ctx.model, source).astype(np.float64)
+    return _quantize(real, scale, zp, axis, params)[1]
+
+
+def _quantize(real: np.ndarray, scale: np.ndarray, zp: np.ndarray, axis: int, params: QParams) -> tuple[np.ndarray, dict]:
+    """QuantizeLinear's arithmetic (round half to even, then clip) and its cost on these values."""
+    qtype = params.qtype
+    s, z = _along(scale, real.ndim, axis), _along(zp, real.ndim, axis)
+    unclipped = np.rint(real / s) + z
+    q = np.clip(unclipped, qtype.qmin, qtype.qmax)
+    back = (q - z) * s
+    noise = float(np.sum((real - back) ** 2))
+    signal = float(np.sum(real**2))
+    values = {
+        "elements": int(real.size),
+        "saturated": int(np.count_nonzero(q != unclipped)),
+        "rounded_to_zero": int(np.count_nonzero((q == z) & (real != 0))),
+    }
+    if signal > 0:
+        values["sqnr_db"] = round(10 * math.log10(signal / noise), 2) if noise > 0 else math.inf
+    return q, values
+
+
+def _pos_shift(old: np.ndarray, new: np.ndarray) -> dict:
+    """Bits lost (positive) or gained by a per-tensor power-of-two move, for the report."""
+    if old.size == 1 and new.size == 1 and pow2.is_pow2(float(old.ravel()[0])) and pow2.is_pow2(float(new.ravel()[0])):
+        return {"bits_lost": pow2.int_pos(float(old.ravel()[0])) - pow2.int_pos(float(new.ravel()[0]))}
+    return {}
+
+
+def _sentence(reason: str, values: dict) -> str:
+    notes = []
+    if values.get("bits_lost", 0) > 0:
+        notes.append(f"{values['bits_lost']} bit(s) of precision lost")
+    if values.get("saturated"):
+        notes.append(f"{values['saturated']} of {values['elements']} values saturate")
+    if values.get("rounded_to_zero"):
+        notes.append(f"{values['rounded_to_zero']} of {values['elements']} values round to zero")
+    if "sqnr_db" in values and values.get("elements"):
+        notes.append(f"SQNR {values['sqnr_db']} dB")
+    return reason + (f" ({'; '.join(notes)})" if notes else "")
+
+
+def _new_zero_point(old: np.ndarray, scale: np.ndarray, given: float | np.ndarray | None) -> np.ndarray:
+    if given is not None:
+        return np.broadcast_to(np.asarray(given, dtype=np.float64), scale.shape).copy()
+    if old.shape == scale.shape:
+        return old.copy()
+    uniform = np.unique(old.ravel())
+    if uniform.size > 1:
+        raise ValueError("per-axis zero-points cannot follow a per-tensor scale")
+    return np.full(scale.shape, uniform[0] if uniform.size else 0.0)
+
+
+def _along(values: np.ndarray, ndim: int, axis: int) -> np.ndarray:
+    """Broadcast per-axis parameters over a tensor of rank `ndim` (scalars pass through)."""
+    values = np.asarray(values, dtype=np.float64)
+    if values.size <= 1:
+        return values.reshape(())
+    shape = [1] * ndim
+    shape[axis if axis >= 0 else axis + ndim] = values.size
+    return values.reshape(shape)
+
+
+def _same(a: np.ndarray, b: np.ndarray) -> bool:
+    return a.shape == b.shape and bool(np.array_equal(a, b))
+
+
+def _np_type(onnx_type: int) -> np.dtype:
+    return np.dtype(helper.tensor_dtype_to_np_dtype(onnx_type))
+
+
+def _base(qt: QTensor, suffix: str) -> str:
+    """`conv1_out_scale`: named after the value, without suffixes an earlier fix added."""
+    name = qt.float_input.name if qt.float_input is not None else qt.integer.name
+    return re.sub(r"(_(scale|zero_point|q)(_\d+)?)+$", "", name) + "_" + suffix
+
+
+def _set_input(node: gs.Node, index: int, tensor: gs.Tensor) -> None:
+    while len(node.inputs) <= index:
+        node.inputs.append(gs.Variable.empty())
+    node.inputs[index] = tensor
