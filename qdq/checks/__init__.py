@@ -3,7 +3,11 @@
 - qparams: QDQ0xx, validity of scale, zero-point and axis
 - pairing: QDQ1xx, Q/DQ pairing and redundant or requantizing pairs
 - artefacts: QDQ2xx/QDQ3xx, exporter artefacts and dangling nodes
+- alignment: QDQ4xx, values that must share one scale (Concat, pools, shape ops)
+- formats: QDQ5xx, the types and scale forms a target accepts (power-of-two, per-tensor, symmetric)
+- shifts: QDQ601-605, 607, 608, the NPU's shift limits between fix positions
+- bias: QDQ606, integer bias at input scale × weight scale
 - dpu: QDQ7xx, fixed DPU numerics the float model does not reproduce
 """
 
-from qdq.checks import artefacts, dpu, pairing, qparams  # noqa: F401
+from qdq.checks import alignment, artefacts, bias, dpu, formats, pairing, qparams, shifts  # noqa: F401

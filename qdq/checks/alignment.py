@@ -1,0 +1,150 @@
+"""QDQ4xx: values that a target requires to share one scale (Concat, pools, shape ops).
+
+A Concat whose inputs and output use different scales forces a requantize per input; a MaxPool
+whose output is quantized differently from its input cannot run as an integer kernel. The ops
+come from the rule set; the fix gives the whole group one scale.
+"""
+
+from __future__ import annotations
+
+from typing import Iterable
+
+import numpy as np
+import onnx_graphsurgeon as gs
+
+from qdq.errors import RuleSetError
+from qdq.operands import input_value, output_value, scale_of
+from qdq.quant_index import QTensor
+from qdq.requantize import describe, set_params
+from qdq.rule import Change, CheckContext, Finding, FixSafety, Rule, Severity, register
+
+_PREFER = ("coarser", "output")
+
+
+class _SharedScale(Rule):
+    """A group of quantized values (output last) that must have identical parameters."""
+
+    severity = Severity.WARNING
+    fix_safety = FixSafety.APPROXIMATE
+    edits_graph = False
+
+    def groups(self, ctx: CheckContext) -> Iterable[tuple[gs.Node, list[QTensor]]]:
+        raise NotImplementedError
+
+    def check(self, ctx: CheckContext) -> Iterable[Finding]:
+        for node, members in self.groups(ctx):
+            params = [ctx.index.params(qt.nodes[0]) for qt in members]
+            first = params[0]
+            if all(first.same_values(p, equal_nan=True) for p in params[1:]):
+                continue
+            fixable = all(scale_of(ctx.index, qt) is not None for qt in members) and len(
+                {p.elem_type for p in params}
+            ) == 1 and all(np.unique(p.zero_point).size == 1 for p in params)
+            yield self.finding(
+                ctx, node, [_name(qt) for qt in members], subject=(node, members), fixable=fixable,
+                op=node.op, scales=", ".join(describe(p.scale, p.zero_point) for p in params),
+            )
+
+    def fix(self, ctx: CheckContext, finding: Finding) -> list[Change]:
+        node, members = finding.subject
+        winner = _winner(ctx, members, ctx.params.get("prefer", "coarser"))
+        target = ctx.index.params(winner.nodes[0])
+        scale, zero_point = target.scale.reshape(()), target.zero_point.reshape(())
+        source = f"{_name(winner)}'s"
+        # A member another fix needs finer caps the group: the coarsest scale all of them allow.
+        caps = [ctx.ceilings[_name(qt)] for qt in members if _name(qt) in ctx.ceilings]
+        if caps and min(caps) < float(scale):
+            scale, source = np.asarray(min(caps)), f"the finest another rule allows ({describe(np.asarray(min(caps)), zero_point)})"
+        changes: list[Change] = []
+        for qt in members:
+            reason = f"{node.name} ({node.op}) needs one scale for its inputs and output; took {source}"
+            changes += set_params(ctx, qt, scale, self.code, reason, zero_point=zero_point)
+        return changes
+
+
+def _winner(ctx: CheckContext, members: list[QTensor], prefer: str) -> QTensor:
+    """The value whose parameters the group takes: the coarsest scale (nothing saturates) or the output."""
+    if prefer not in _PREFER:
+        raise RuleSetError(f"prefer must be one of {', '.join(_PREFER)}, got {prefer!r}")
+    if prefer == "output":
+        return members[-1]
+    # max() keeps the first of equal scales; reversed so that ties go to the output.
+    return max(reversed(members), key=lambda qt: scale_of(ctx.index, qt))
+
+
+def _name(qt: QTensor) -> str:
+    return qt.float_input.name if qt.float_input is not None else qt.integer.name
+
+
+def _unique(values: Iterable[QTensor | None]) -> list[QTensor]:
+    seen: dict[int, QTensor] = {}
+    for qt in values:
+        if qt is not None:
+            seen.setdefault(id(qt), qt)
+    return list(seen.values())
+
+
+@register
+class ConcatScaleMismatch(_SharedScale):
+    """The quantized inputs and the output of a Concat should share one scale and zero-point.
+
+    Why: with one scale a Concat only copies bytes. With different scales every input is
+    requantized: TensorRT keeps the extra kernels (the YOLOv7 QAT engine ran slower than PTQ
+    until concat inputs shared scales), and the AMD NPU compiler rejects the model.
+
+    Example: `DQ(s=2^-6) → Concat ← DQ(s=2^-1)`, output `Q(s=2^-1)`. The fix gives every input
+    and the output the coarsest scale, 2^-1 (parameter `prefer = "coarser"`, so no value that
+    fitted before saturates), or the output's (`prefer = "output"`). Approximate: the finer
+    branches lose precision, and the change report says how many bits.
+    """
+
+    code = "QDQ401"
+    name = "concat-scale-mismatch"
+    message = "{node}: {op} inputs and output use different quantization parameters ({scales})"
+    parameters = {"ops": ["Concat"], "prefer": "coarser", "output_through": [], "output_through_mul": []}
+
+    def groups(self, ctx: CheckContext) -> Iterable[tuple[gs.Node, list[QTensor]]]:
+        ops = set(ctx.params["ops"])
+        for node in ctx.graph.nodes:
+            if node.op not in ops:
+                continue
+            output = output_value(ctx.index, node, ctx.params["output_through"], ctx.params["output_through_mul"])
+            inputs = [input_value(ctx.index, node, i) for i in range(len(node.inputs))]
+            members = _unique(inputs + [output])
+            if output is not None and len(members) > 1:
+                # The output goes last so that `prefer = "output"` and ties find it.
+                yield node, [qt for qt in members if qt is not output] + [output]
+
+
+@register
+class InOutScaleMismatch(_SharedScale):
+    """Ops that only move or select values should quantize their output like their input.
+
+    Why: MaxPool, Pad, Slice, Resize (nearest), Reshape, Transpose and friends do not change
+    values, so an integer kernel can run them only when input and output share one scale. The
+    AMD NPU requires it (in = out fix position); TensorRT fuses the Q after a MaxPool only when
+    it matches the DQ before it.
+
+    Example: `DQ(s=2^-5) → MaxPool → Q(s=2^-6)`. The fix sets both to the coarser 2^-5
+    (parameter `prefer`; `"output"` keeps the output's). Approximate.
+    """
+
+    code = "QDQ402"
+    name = "in-out-scale-mismatch"
+    message = "{node}: {op} input and output use different quantization parameters ({scales})"
+    parameters = {
+        "ops": ["MaxPool", "Resize", "Reshape", "Transpose", "Squeeze", "Unsqueeze", "Flatten", "Slice", "Pad"],
+        "prefer": "coarser",
+        "output_through": [],
+        "output_through_mul": [],
+    }
+
+    def groups(self, ctx: CheckContext) -> Iterable[tuple[gs.Node, list[QTensor]]]:
+        ops = set(ctx.params["ops"])
+        for node in ctx.graph.nodes:
+            if node.op not in ops:
+                continue
+            source = input_value(ctx.index, node, 0)
+            output = output_value(ctx.index, node, ctx.params["output_through"], ctx.params["output_through_mul"])
+            if source is not None and output is not None and source is not output:
+                yield node, [source, output]

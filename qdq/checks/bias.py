@@ -1,0 +1,87 @@
+"""QDQ606: an integer bias must be quantized at exactly input scale × weight scale.
+
+Integer kernels (QLinearConv, TensorRT's int8 convolution, the NPU's accumulator) add the
+bias to the int32 accumulator, whose scale is `s_in · s_w`. A bias at any other scale is
+either rescaled at run time or, worse, added as if it had that scale.
+"""
+
+from __future__ import annotations
+
+from typing import Iterable
+
+import numpy as np
+
+from qdq.dtypes import type_name
+from qdq.operands import BIAS_INPUT, WEIGHT_INPUT, input_value
+from qdq.quant_index import PER_TENSOR, QuantIndex, QTensor
+from qdq.requantize import describe, set_params
+from qdq.rule import Change, CheckContext, Finding, FixSafety, Rule, Severity, register
+
+
+@register
+class BiasScaleMismatch(Rule):
+    """An integer bias must use scale = input scale × weight scale (per output channel if the weight is).
+
+    Why: the bias is added to the accumulator, whose scale is `s_in · s_w`. The reference NPU
+    tool quantizes the int32 bias once and then moves the weight's position without touching
+    the bias (defect D2), so the bias is off by a power of two. onnxruntime's QLinearConv and
+    TensorRT assume the product as well.
+
+    Example: input 2^-7, weight 2^-8 (after a shift_cut repair), bias at 2^-14: the fix sets the
+    bias scale to 2^-15 and re-quantizes the int32 values with round-half-to-even (the
+    reference's float-scale path truncates, defect D9); saturation is reported. Approximate:
+    the bias moves by at most half a new step.
+    """
+
+    code = "QDQ606"
+    name = "bias-scale-mismatch"
+    message = "{node}: bias {tensor} has scale {scale}; input × weight scale is {expected}"
+    severity = Severity.ERROR
+    fix_safety = FixSafety.APPROXIMATE
+    parameters = {"ops": ["Conv", "ConvTranspose", "Gemm"], "types": ["int32"], "rtol": 1e-6}
+    edits_graph = False
+
+    def check(self, ctx: CheckContext) -> Iterable[Finding]:
+        ops = set(ctx.params["ops"])
+        for node in ctx.graph.nodes:
+            if node.op not in ops:
+                continue
+            found = _operands(ctx, node)
+            if found is None:
+                continue
+            bias, expected, axis = found
+            params = ctx.index.params(bias.nodes[0])
+            if type_name(params.elem_type) not in ctx.params["types"]:
+                continue
+            actual = params.scale.ravel()
+            if actual.size in (1, expected.size) and np.allclose(actual, expected, rtol=ctx.params["rtol"], atol=0):
+                continue
+            name = bias.float_input.name if bias.float_input is not None else bias.integer.name
+            yield self.finding(ctx, node, [name], subject=node, tensor=name,
+                               scale=describe(params.scale, params.zero_point),
+                               expected=describe(expected, np.zeros(1)))
+
+    def fix(self, ctx: CheckContext, finding: Finding) -> list[Change]:
+        node = finding.subject
+        found = _operands(ctx, node)
+        if found is None:
+            return []
+        bias, expected, axis = found
+        reason = f"{node.name}: bias scale = input scale × weight scale"
+        return set_params(ctx, bias, expected if expected.size > 1 else expected.reshape(()), self.code, reason,
+                          zero_point=0, axis=axis)
+
+
+def _operands(ctx: CheckContext, node) -> tuple[QTensor, np.ndarray, int] | None:
+    """The bias value, the scale it must have (float32 product, as runtimes compute it) and its axis."""
+    index: QuantIndex = ctx.index
+    bias = input_value(index, node, BIAS_INPUT[node.op]) if node.op in BIAS_INPUT else None
+    data = input_value(index, node, 0)
+    weight = input_value(index, node, WEIGHT_INPUT[node.op]) if node.op in WEIGHT_INPUT else None
+    if bias is None or data is None or weight is None:
+        return None
+    p_in, p_w = index.params(data.nodes[0]), index.params(weight.nodes[0])
+    if p_in.dynamic or p_w.dynamic or p_in.granularity != PER_TENSOR or p_w.block_size:
+        return None
+    expected = (np.float32(p_in.scale.ravel()[0]) * p_w.scale.ravel().astype(np.float32)).astype(np.float64)
+    return bias, expected, 0
