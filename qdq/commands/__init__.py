@@ -1,5 +1,5 @@
 """One module per subcommand. Each has `add_parser(subparsers)` and `run(args) -> exit code`."""
 
-from qdq.commands import explain, inspect, lint, rules, verify
+from qdq.commands import explain, fix, inspect, lint, rules, verify
 
-COMMANDS = (lint, inspect, rules, explain, verify)
+COMMANDS = (lint, fix, verify, inspect, rules, explain)

@@ -11,6 +11,7 @@ from qdq.errors import QdqError
 from qdq.files import atomic_write_text, check_writable
 from qdq.model import Model, load_model
 from qdq.rule import Severity
+from qdq.verify import load_inputs, make_inputs
 from qdq.ruleset import ProjectConfig, RuleSet, builtin_targets, find_project_config, load_rules_file, load_target
 
 log = logging.getLogger("qdq")
@@ -103,6 +104,49 @@ def input_files(args: argparse.Namespace, config: ProjectConfig, ruleset: RuleSe
     if config.path is not None:
         files.append(config.path)
     return files
+
+
+def add_input_args(parser: argparse.ArgumentParser) -> None:
+    """The inputs a numerical comparison runs on: an .npz, or seeded random values."""
+    group = parser.add_argument_group("inputs")
+    source = group.add_mutually_exclusive_group()
+    source.add_argument(
+        "--inputs", type=Path, metavar="FILE.npz", help="input values, one array per graph input name (numpy.savez)"
+    )
+    source.add_argument("--seed", type=int, default=0, metavar="N", help="seed for random inputs (default: 0)")
+    group.add_argument(
+        "--input-shape", action="append", default=[], metavar="NAME:DIMS",
+        help="shape of a random input with dynamic dimensions, e.g. x:1x3x32x32 (repeatable; dynamic dims are 1 otherwise)",
+    )
+
+
+def input_feeds(args: argparse.Namespace, model: Path, range_from: Path | None = None) -> tuple[dict, str]:
+    """The feeds chosen by `add_input_args`, and a label for the report."""
+    if args.inputs is not None:
+        if args.input_shape:
+            raise UsageError("--input-shape applies to random inputs only; the shapes of --inputs come from the file")
+        return load_inputs(args.inputs, model), str(args.inputs)
+    shapes = parse_input_shapes(args.input_shape)
+    return make_inputs(model, seed=args.seed, shapes=shapes, range_from=range_from), f"random (seed {args.seed})"
+
+
+def parse_input_shapes(specs: list[str]) -> dict[str, tuple[int, ...]]:
+    """`NAME:1x3x32x32` options to {name: shape}; the last colon separates name and dims."""
+    shapes: dict[str, tuple[int, ...]] = {}
+    for spec in specs:
+        name, sep, dims = spec.rpartition(":")
+        if not sep or not name:
+            raise UsageError(f"--input-shape {spec!r}: expected NAME:DIMS, e.g. x:1x3x32x32")
+        try:
+            shape = tuple(int(d) for d in dims.split("x")) if dims else ()
+        except ValueError:
+            raise UsageError(f"--input-shape {spec!r}: dimensions must be integers separated by 'x'") from None
+        if any(d < 0 for d in shape):
+            raise UsageError(f"--input-shape {spec!r}: dimensions must not be negative")
+        if name in shapes:
+            raise UsageError(f"--input-shape: {name!r} is given twice")
+        shapes[name] = shape
+    return shapes
 
 
 def _codes(text: str) -> list[str]:

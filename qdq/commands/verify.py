@@ -6,9 +6,9 @@ import argparse
 import math
 from pathlib import Path
 
-from qdq.commands.args import UsageError, add_logging_args, emit, load_for_output, log
+from qdq.commands.args import UsageError, add_input_args, add_logging_args, emit, input_feeds, load_for_output, log
 from qdq.reports.json import dumps
-from qdq.verify import compare, load_inputs, make_inputs, render_text
+from qdq.verify import compare, render_text
 
 EXIT_PASS, EXIT_FAIL = 0, 1
 
@@ -23,16 +23,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     )
     parser.add_argument("reference", type=Path, help="the reference model (e.g. before a fix, or the float model)")
     parser.add_argument("candidate", type=Path, help="the model to check against it")
-    group = parser.add_argument_group("inputs")
-    source = group.add_mutually_exclusive_group()
-    source.add_argument(
-        "--inputs", type=Path, metavar="FILE.npz", help="input values, one array per graph input name (numpy.savez)"
-    )
-    source.add_argument("--seed", type=int, metavar="N", help="seed for random inputs (default: 0)")
-    group.add_argument(
-        "--input-shape", action="append", default=[], metavar="NAME:DIMS",
-        help="shape of a random input with dynamic dimensions, e.g. x:1x3x32x32 (repeatable; dynamic dims are 1 otherwise)",
-    )
+    add_input_args(parser)
     group = parser.add_argument_group("tolerance")
     group.add_argument("--atol", type=float, default=1e-4, metavar="X", help="absolute tolerance (default: 1e-4)")
     group.add_argument("--rtol", type=float, default=1e-3, metavar="X", help="relative tolerance (default: 1e-3)")
@@ -50,18 +41,10 @@ def run(args: argparse.Namespace) -> int:
             raise UsageError(f"{option} must be a finite number >= 0, not {value:g}")
     if args.min_sqnr is not None and math.isnan(args.min_sqnr):
         raise UsageError("--min-sqnr must be a number of decibels, not nan")
-    if args.inputs is not None and args.input_shape:
-        raise UsageError("--input-shape applies to random inputs only; the shapes of --inputs come from the file")
-    shapes = parse_input_shapes(args.input_shape)
     files = [args.reference, args.candidate] + ([args.inputs] if args.inputs is not None else [])
     for model in (args.reference, args.candidate):
         load_for_output(model, args.output, files)
-    if args.inputs is not None:
-        feeds, label = load_inputs(args.inputs, args.reference), str(args.inputs)
-    else:
-        seed = 0 if args.seed is None else args.seed
-        feeds = make_inputs(args.reference, seed=seed, shapes=shapes, range_from=args.candidate)
-        label = f"random (seed {seed})"
+    feeds, label = input_feeds(args, args.reference, range_from=args.candidate)
     log.info("comparing %s with %s on %s", args.candidate, args.reference, label)
     result = compare(
         args.reference, args.candidate, feeds, atol=args.atol, rtol=args.rtol, min_sqnr=args.min_sqnr, inputs_label=label
@@ -69,21 +52,3 @@ def run(args: argparse.Namespace) -> int:
     emit(args.output, dumps(result.to_dict()) if args.format == "json" else render_text(result))
     return EXIT_PASS if result.passed else EXIT_FAIL
 
-
-def parse_input_shapes(specs: list[str]) -> dict[str, tuple[int, ...]]:
-    """`NAME:1x3x32x32` options to {name: shape}; the last colon separates name and dims."""
-    shapes: dict[str, tuple[int, ...]] = {}
-    for spec in specs:
-        name, sep, dims = spec.rpartition(":")
-        if not sep or not name:
-            raise UsageError(f"--input-shape {spec!r}: expected NAME:DIMS, e.g. x:1x3x32x32")
-        try:
-            shape = tuple(int(d) for d in dims.split("x")) if dims else ()
-        except ValueError:
-            raise UsageError(f"--input-shape {spec!r}: dimensions must be integers separated by 'x'") from None
-        if any(d < 0 for d in shape):
-            raise UsageError(f"--input-shape {spec!r}: dimensions must not be negative")
-        if name in shapes:
-            raise UsageError(f"--input-shape: {name!r} is given twice")
-        shapes[name] = shape
-    return shapes

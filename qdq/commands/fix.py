@@ -1,0 +1,163 @@
+"""`qdq fix`: rewrite a model until it is lint-clean for a target, report every change, verify the numbers."""
+
+from __future__ import annotations
+
+import argparse
+import math
+import tempfile
+from pathlib import Path
+
+from qdq.commands.args import (
+    UsageError,
+    add_input_args,
+    add_logging_args,
+    add_ruleset_args,
+    emit,
+    input_feeds,
+    input_files,
+    log,
+    parse_severity,
+    project_config,
+    resolve_ruleset,
+)
+from qdq.files import atomic_write_text, check_writable
+from qdq.fix import DEFAULT_MAX_ROUNDS, FixResult, fix
+from qdq.model import Model, load_model, save_model
+from qdq.reports import fix as fix_report
+from qdq.reports.json import dumps
+from qdq.rule import FixSafety, all_rules
+from qdq.verify import VerifyResult, compare
+
+EXIT_CLEAN, EXIT_NOT_CLEAN = 0, 1
+# Approximate fixes change numerics; below this SQNR against the input model, fix fails loudly.
+# Low on purpose: random inputs drive every quantizer across its whole range (the test CNN's
+# NPU fix measures 18 dB on them and 38 dB on real data). With --inputs, raise it.
+DEFAULT_MIN_SQNR = 10.0
+
+
+def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
+    parser = subparsers.add_parser(
+        "fix",
+        help="rewrite a model until it is lint-clean for a target",
+        description="Apply the rule set's fixes in its order until nothing changes, write the result, report "
+        "every change and compare the outputs with the input model in onnxruntime. Exit 0: the output is "
+        "lint-clean and numerically within tolerance; 1: findings remain, the fixes did not settle, or the "
+        "numbers moved too far; 2: bad input or usage.",
+    )
+    parser.add_argument("model", type=Path, help="the ONNX model (never modified unless --in-place)")
+    add_ruleset_args(parser)
+    group = parser.add_argument_group("output")
+    where = group.add_mutually_exclusive_group()
+    where.add_argument("-o", "--output", type=Path, metavar="OUT", help="write the fixed model here")
+    where.add_argument("--in-place", action="store_true", help="overwrite the input model")
+    where.add_argument("--dry-run", action="store_true", help="report what would change; write no model")
+    group.add_argument("--report", type=Path, metavar="FILE.json", help="also write the full report as JSON")
+    group.add_argument("--format", choices=("text", "json"), default="text", help="stdout report format (default: text)")
+    group.add_argument("--fail-on", metavar="SEVERITY", help="lowest remaining severity that fails (default: warning)")
+    group = parser.add_argument_group("fixing")
+    group.add_argument("--exact-only", action="store_true", help="apply only fixes that keep outputs bit-identical")
+    group.add_argument("--max-rounds", type=int, default=DEFAULT_MAX_ROUNDS, metavar="N",
+                       help=f"give up after N rounds without a fixed point (default: {DEFAULT_MAX_ROUNDS})")
+    add_input_args(parser)
+    group = parser.add_argument_group("verification")
+    group.add_argument("--verify", action=argparse.BooleanOptionalAction, default=True,
+                       help="compare outputs with the input model in onnxruntime (default: on)")
+    group.add_argument("--atol", type=float, default=math.inf, metavar="X", help="absolute tolerance (default: none)")
+    group.add_argument("--rtol", type=float, default=0.0, metavar="X", help="relative tolerance, with --atol")
+    group.add_argument("--min-sqnr", type=float, default=DEFAULT_MIN_SQNR, metavar="DB",
+                       help=f"fail when an output's SQNR against the input model is below DB (default: {DEFAULT_MIN_SQNR:g})")
+    add_logging_args(parser)
+    return parser
+
+
+def run(args: argparse.Namespace) -> int:
+    _check_options(args)
+    config = project_config(args)
+    ruleset = resolve_ruleset(args, config)
+    fail_on = parse_severity(args.fail_on or config.fail_on or "warning", "--fail-on")
+    output = args.model if args.in_place else args.output
+    reads = input_files(args, config, ruleset) + ([args.inputs] if args.inputs is not None else [])
+    if args.output is not None:
+        check_writable(args.output, inputs=reads)
+    if args.report is not None:
+        check_writable(args.report, inputs=reads + ([output] if output is not None else []))
+    model = load_model(args.model)
+    if args.output is not None:
+        check_writable(args.output, inputs=model.input_files)
+
+    log.info("fixing %s with rule set %r", args.model, ruleset.name)
+    fixed = fix(model, ruleset, exact_only=args.exact_only, max_rounds=args.max_rounds)
+    verification = None
+    if args.output is not None:
+        save_model(model, args.output)
+    if args.verify and fixed.changes:
+        verification = _verify(model, args)
+    numbers_ok = verification is None or _acceptable(verification, fixed)
+    if args.in_place and fixed.changes and numbers_ok:
+        save_model(model, args.model, in_place=True)
+
+    clean = fixed.converged and not fixed.result.failing(fail_on)
+    passed = clean and numbers_ok
+    verdict = _verdict(fixed, clean, numbers_ok, verification, fail_on, args.in_place)
+    report = fix_report.to_dict(args.model, output, fixed, verification, fail_on, passed)
+    if args.report is not None:
+        atomic_write_text(args.report, dumps(report) + "\n")
+    text = dumps(report) if args.format == "json" else fix_report.render_text(
+        args.model, output, fixed, verification, fail_on, verdict
+    )
+    emit(None, text)
+    return EXIT_CLEAN if passed else EXIT_NOT_CLEAN
+
+
+def _check_options(args: argparse.Namespace) -> None:
+    if args.output is None and not args.in_place and not args.dry_run:
+        raise UsageError("say where the fixed model goes: -o OUT, --in-place or --dry-run")
+    if args.max_rounds < 1:
+        raise UsageError(f"--max-rounds must be at least 1, not {args.max_rounds}")
+    for option, value in (("--atol", args.atol), ("--rtol", args.rtol), ("--min-sqnr", args.min_sqnr)):
+        if math.isnan(value) or (option != "--min-sqnr" and value < 0):
+            raise UsageError(f"{option} must be a number >= 0, not {value:g}")
+
+
+def _verify(model: Model, args: argparse.Namespace) -> VerifyResult:
+    """Compare the fixed model with the input: the written output, or a temporary copy.
+
+    With --in-place the input is only replaced after this comparison passes.
+    """
+    if args.output is not None:
+        return _compare(args, args.output)
+    with tempfile.TemporaryDirectory(prefix="qdq-fix-") as folder:
+        candidate = Path(folder) / args.model.name
+        save_model(model, candidate)
+        return _compare(args, candidate)
+
+
+def _compare(args: argparse.Namespace, candidate: Path) -> VerifyResult:
+    feeds, label = input_feeds(args, args.model, range_from=candidate)
+    return compare(args.model, candidate, feeds, atol=args.atol, rtol=args.rtol,
+                   min_sqnr=args.min_sqnr, inputs_label=label)
+
+
+def _acceptable(verification: VerifyResult, fixed: FixResult) -> bool:
+    """Exact fixes must give bit-identical outputs; approximate ones must stay within tolerance."""
+    rules = all_rules()
+    if all(rules[c.code].fix_safety == FixSafety.EXACT for c in fixed.changes):
+        return verification.identical
+    return verification.passed
+
+
+def _verdict(
+    fixed: FixResult, clean: bool, numbers_ok: bool, verification: VerifyResult | None, fail_on, in_place: bool
+) -> str:
+    parts = []
+    if clean:
+        parts.append(f"lint-clean at --fail-on {fail_on}")
+    elif not fixed.converged:
+        parts.append("the fixes did not settle")
+    else:
+        parts.append(f"{len(fixed.result.failing(fail_on))} finding(s) not fixed")
+    if verification is not None:
+        parts.append("outputs within tolerance" if numbers_ok else "outputs moved past tolerance")
+    if in_place and fixed.changes and not numbers_ok:
+        parts.append("the input was left unchanged")
+    return "; ".join(parts)

@@ -1,0 +1,97 @@
+"""The fix driver every target shares: apply the rule set's fixes in its order until nothing changes.
+
+Fixes interact: aligning a Concat moves its producers' output scales, which can break those
+layers' NPU shift limits, whose repair moves a weight, which moves an int32 bias. So the driver
+runs the whole sequence (the rule set's `fix-order`, the NPU catalogue's pass order for `npu`)
+in rounds until a round changes nothing, counting every change (unlike the reference tool,
+which stops after five rounds with a warning, defect D6). It then lints the result with the
+same rule set, so what is left is reported, never assumed fixed.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any
+
+from qdq.lint import LintResult, lint
+from qdq.model import Model
+from qdq.quant_index import QuantIndex
+from qdq.rewrite import Names
+from qdq.rule import Change, CheckContext, FixSafety
+from qdq.ruleset import RuleSet
+
+log = logging.getLogger("qdq")
+
+DEFAULT_MAX_ROUNDS = 10
+
+
+@dataclass
+class FixResult:
+    """What `fix` did: every change, how many rounds it took, and the lint of the result."""
+
+    changes: list[Change]
+    rounds: int
+    converged: bool
+    max_rounds: int
+    result: LintResult
+    # Codes that still changed something in the last round when the round limit was hit.
+    still_changing: list[str] = field(default_factory=list)
+    exact_only: bool = False
+
+    def by_rule(self) -> dict[str, int]:
+        """How many changes each rule made (a tensor moved twice counts twice)."""
+        return dict(sorted(Counter(c.code for c in self.changes).items()))
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "rounds": self.rounds,
+            "converged": self.converged,
+            "max_rounds": self.max_rounds,
+            "exact_only": self.exact_only,
+            "still_changing": self.still_changing,
+            "changes_by_rule": self.by_rule(),
+            "changes": [c.to_dict() for c in self.changes],
+            "remaining": [f.to_dict() for f in self.result.findings],
+        }
+
+
+def fix(model: Model, ruleset: RuleSet, exact_only: bool = False, max_rounds: int = DEFAULT_MAX_ROUNDS) -> FixResult:
+    """Rewrite `model.graph` in place until the rule set's fixes change nothing (or `max_rounds`)."""
+    sequence = [
+        (rule, cfg) for rule, cfg in ruleset.fix_sequence() if not exact_only or rule.fix_safety == FixSafety.EXACT
+    ]
+    names = Names(model.graph)
+    ceilings: dict[str, float] = {}
+    changes: list[Change] = []
+    index: QuantIndex | None = None
+    converged, rounds, last_round = False, 0, []
+    while rounds < max_rounds:
+        rounds += 1
+        last_round = []
+        for rule, cfg in sequence:
+            index = index or QuantIndex(model)
+            if not index.has_qdq:
+                break
+            ctx = CheckContext(model=model, index=index, params=cfg.params, severity=cfg.severity, names=names,
+                               ceilings=ceilings)
+            made: list[Change] = []
+            for finding in list(rule.check(ctx)):
+                if finding.fix is not None:
+                    made += rule.fix(ctx, finding)
+            if made:
+                log.info("round %d: %s changed %d value(s)", rounds, rule.code, len(made))
+                if rule.edits_graph:
+                    model.graph.cleanup().toposort()
+                    index = None
+            last_round += made
+        changes += last_round
+        if not last_round:
+            converged = True
+            break
+    if changes:
+        # Drop the constants and nodes the fixes left unused.
+        model.graph.cleanup().toposort()
+    still = sorted({c.code for c in last_round}) if not converged else []
+    return FixResult(changes, rounds, converged, max_rounds, lint(model, ruleset), still, exact_only)
