@@ -15,7 +15,7 @@ def _readme_commands() -> list[str]:
 def test_readme_opens_with_exactly_two_commands() -> None:
     commands = _readme_commands()
     assert len(commands) == 2
-    assert "qdq lint examples/models/" in commands[0]
+    assert "qdq lint examples/models/" in commands[0] and "qdq fix" in commands[0]
     assert "pytest" in commands[1]
 
 
