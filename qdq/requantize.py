@@ -15,8 +15,8 @@ by 2^(old - new). Here a scale change:
 
 from __future__ import annotations
 
+import logging
 import math
-import re
 
 import numpy as np
 import onnx_graphsurgeon as gs
@@ -25,6 +25,8 @@ from onnx import helper
 from qdq import pow2
 from qdq.quant_index import QParams, QTensor, resolve_constant, source_values
 from qdq.rule import Change, CheckContext
+
+log = logging.getLogger("qdq")
 
 
 def set_params(
@@ -42,6 +44,7 @@ def set_params(
     which must then be uniform. Returns no change when the values are already these.
     """
     first = ctx.index.params(qt.nodes[0])
+    name = ctx.value_name(qt)
     if first.dynamic:
         raise ValueError(f"{qt.integer.name}: parameters are computed at run time")
     old_scale, old_zp = first.scale, first.zero_point
@@ -51,10 +54,16 @@ def set_params(
     if _same(old_scale, new_scale) and _same(old_zp, new_zp) and new_axis == first.axis:
         return []
 
-    scale_const = gs.Constant(ctx.new_name(_base(qt, "scale")), new_scale.astype(_np_type(first.scale_source.elem_type)))
+    stored_scale = new_scale.astype(_np_type(first.scale_source.elem_type))
+    if not np.all(np.isfinite(stored_scale) & (stored_scale > 0)):
+        # A scale beyond the scale type's range (2^-25 in float16) would be stored as 0 or inf.
+        log.warning("%s: scale %s is not representable as %s; left unchanged", name, describe(new_scale, new_zp),
+                    stored_scale.dtype)
+        return []
+    scale_const = gs.Constant(ctx.new_name(f"{name}_scale"), stored_scale)
     zp_const = None
     if first.zero_point_input is not None or np.any(new_zp != 0):
-        zp_const = gs.Constant(ctx.new_name(_base(qt, "zero_point")), new_zp.astype(_np_type(first.elem_type)))
+        zp_const = gs.Constant(ctx.new_name(f"{name}_zero_point"), new_zp.astype(_np_type(first.elem_type)))
     values: dict = {}
     if qt.stored:
         values = _requantize_stored(ctx, qt, first, new_scale, new_zp, new_axis)
@@ -70,7 +79,6 @@ def set_params(
             node.attrs.pop("axis", None)
         ctx.index.refresh(node)
     values.update(_pos_shift(old_scale, new_scale))
-    name = qt.float_input.name if qt.float_input is not None else qt.integer.name
     return [Change(code, qt.nodes[0].name, name, describe(old_scale, old_zp), describe(new_scale, new_zp),
                    _sentence(reason, values), values)]
 
@@ -98,9 +106,14 @@ def _requantize_stored(
     real = (old_q - _along(params.zero_point, old_q.ndim, params.axis)) * _along(params.scale, old_q.ndim, params.axis)
     new_q, values = _quantize(real, scale, zp, axis, params)
     dtype = _np_type(params.elem_type)
-    constant = gs.Constant(ctx.new_name(_base(qt, "q")), new_q.astype(dtype))
+    name = ctx.value_name(qt)
+    constant = gs.Constant(ctx.new_name(f"{name}_requantized", replacing=qt.integer.name), new_q.astype(dtype))
     for node in qt.dequantizes:
         _set_input(node, 0, constant)
+    # The index outlives this edit (the fix driver keeps it while fixes only swap constants): point
+    # the value at its new integers, or a second move in the same run would re-quantize the old
+    # ones with the new scale, changing every weight by old scale / new scale.
+    qt.integer = constant
     return values
 
 
@@ -181,12 +194,6 @@ def _same(a: np.ndarray, b: np.ndarray) -> bool:
 
 def _np_type(onnx_type: int) -> np.dtype:
     return np.dtype(helper.tensor_dtype_to_np_dtype(onnx_type))
-
-
-def _base(qt: QTensor, suffix: str) -> str:
-    """`conv1_out_scale`: named after the value, without suffixes an earlier fix added."""
-    name = qt.float_input.name if qt.float_input is not None else qt.integer.name
-    return re.sub(r"(_(scale|zero_point|q)(_\d+)?)+$", "", name) + "_" + suffix
 
 
 def _set_input(node: gs.Node, index: int, tensor: gs.Tensor) -> None:

@@ -31,15 +31,26 @@ def scalar_constant(name: str, value: np.ndarray) -> gs.Constant:
 
 
 class Names:
-    """Fresh tensor names for one fix run; collects the graph's names once instead of on every call."""
+    """Fresh tensor names for one fix run; collects the graph's names once instead of on every call.
+
+    It also remembers which model tensor a new constant replaces, so reports can keep naming a
+    re-quantized weight as the model did, however often a run moves it.
+    """
 
     def __init__(self, graph: gs.Graph):
         self._taken = set(graph.tensors())
+        self._replaces: dict[str, str] = {}
 
-    def new(self, base: str) -> str:
+    def new(self, base: str, replacing: str | None = None) -> str:
         name, index = base, 0
         while name in self._taken:
             index += 1
             name = f"{base}_{index}"
         self._taken.add(name)
+        if replacing is not None:
+            self._replaces[name] = self.original(replacing)
         return name
+
+    def original(self, name: str) -> str:
+        """The name the input model had for the tensor `name` replaces (`name` itself if none)."""
+        return self._replaces.get(name, name)

@@ -14,7 +14,7 @@ from typing import Any, ClassVar, Iterable
 import onnx_graphsurgeon as gs
 
 from qdq.model import Model
-from qdq.quant_index import QuantIndex
+from qdq.quant_index import QTensor, QuantIndex
 from qdq.rewrite import Names
 
 
@@ -108,11 +108,17 @@ class CheckContext:
     def graph(self) -> gs.Graph:
         return self.model.graph
 
-    def new_name(self, base: str) -> str:
-        """A tensor name not yet used in the graph, for a constant a fix creates."""
+    def new_name(self, base: str, replacing: str | None = None) -> str:
+        """A tensor name not yet used in the graph, for a constant a fix creates (to replace `replacing`)."""
         if self.names is None:
             self.names = Names(self.graph)
-        return self.names.new(base)
+        return self.names.new(base, replacing)
+
+    def value_name(self, qt: QTensor) -> str:
+        """The name the input model gave a quantized value: its float tensor, or its stored integers."""
+        if qt.float_input is not None:
+            return qt.float_input.name
+        return self.names.original(qt.integer.name) if self.names is not None else qt.integer.name
 
 
 class Rule:

@@ -41,7 +41,7 @@ class _SharedScale(Rule):
                 {p.elem_type for p in params}
             ) == 1 and all(np.unique(p.zero_point).size == 1 for p in params)
             yield self.finding(
-                ctx, node, [_name(qt) for qt in members], subject=(node, members), fixable=fixable,
+                ctx, node, [ctx.value_name(qt) for qt in members], subject=(node, members), fixable=fixable,
                 op=node.op, scales=", ".join(describe(p.scale, p.zero_point) for p in params),
             )
 
@@ -50,11 +50,14 @@ class _SharedScale(Rule):
         winner = _winner(ctx, members, ctx.params.get("prefer", "coarser"))
         target = ctx.index.params(winner.nodes[0])
         scale, zero_point = target.scale.reshape(()), target.zero_point.reshape(())
-        source = f"{_name(winner)}'s"
+        source = f"{ctx.value_name(winner)}'s"
         # A member another fix needs finer caps the group: the coarsest scale all of them allow.
-        caps = [ctx.ceilings[_name(qt)] for qt in members if _name(qt) in ctx.ceilings]
+        caps = [ctx.ceilings[ctx.value_name(qt)] for qt in members if ctx.value_name(qt) in ctx.ceilings]
         if caps and min(caps) < float(scale):
             scale, source = np.asarray(min(caps)), f"the finest another rule allows ({describe(np.asarray(min(caps)), zero_point)})"
+            # The cap now binds every member, so the groups they also belong to inherit it.
+            for qt in members:
+                ctx.ceilings[ctx.value_name(qt)] = min(caps)
         changes: list[Change] = []
         for qt in members:
             reason = f"{node.name} ({node.op}) needs one scale for its inputs and output; took {source}"
@@ -71,9 +74,6 @@ def _winner(ctx: CheckContext, members: list[QTensor], prefer: str) -> QTensor:
     # max() keeps the first of equal scales; reversed so that ties go to the output.
     return max(reversed(members), key=lambda qt: scale_of(ctx.index, qt))
 
-
-def _name(qt: QTensor) -> str:
-    return qt.float_input.name if qt.float_input is not None else qt.integer.name
 
 
 def _unique(values: Iterable[QTensor | None]) -> list[QTensor]:

@@ -56,7 +56,7 @@ class BiasScaleMismatch(Rule):
             actual = params.scale.ravel()
             if actual.size in (1, expected.size) and np.allclose(actual, expected, rtol=ctx.params["rtol"], atol=0):
                 continue
-            name = bias.float_input.name if bias.float_input is not None else bias.integer.name
+            name = ctx.value_name(bias)
             yield self.finding(ctx, node, [name], subject=node, tensor=name,
                                scale=describe(params.scale, params.zero_point),
                                expected=describe(expected, np.zeros(1)))

@@ -30,9 +30,6 @@ def _values(ctx: CheckContext) -> Iterable[tuple[QTensor, QParams, str]]:
             yield qt, params, role(ctx.index, qt)
 
 
-def _name(qt: QTensor) -> str:
-    return qt.float_input.name if qt.float_input is not None else qt.integer.name
-
 
 @register
 class UnsupportedQuantType(Rule):
@@ -57,8 +54,8 @@ class UnsupportedQuantType(Rule):
             allowed = ctx.params[f"{kind}_types"]
             dtype = type_name(params.elem_type)
             if allowed and dtype not in allowed:
-                yield self.finding(ctx, qt.nodes[0], [_name(qt)], fixable=False, role=kind,
-                                   tensor=_name(qt), dtype=dtype, allowed=", ".join(allowed))
+                yield self.finding(ctx, qt.nodes[0], [ctx.value_name(qt)], fixable=False, role=kind,
+                                   tensor=ctx.value_name(qt), dtype=dtype, allowed=", ".join(allowed))
 
 
 @register
@@ -87,8 +84,8 @@ class PerAxisScale(Rule):
             if params.granularity == PER_TENSOR or kind in ctx.params["allow_per_axis"]:
                 continue
             fixable = not params.block_size and np.unique(params.zero_point).size == 1 and np.all(params.scale > 0)
-            yield self.finding(ctx, qt.nodes[0], [_name(qt)], subject=qt, fixable=bool(fixable),
-                               role=kind, tensor=_name(qt), count=int(params.scale.size))
+            yield self.finding(ctx, qt.nodes[0], [ctx.value_name(qt)], subject=qt, fixable=bool(fixable),
+                               role=kind, tensor=ctx.value_name(qt), count=int(params.scale.size))
 
     def fix(self, ctx: CheckContext, finding: Finding) -> list[Change]:
         qt = finding.subject
@@ -128,8 +125,8 @@ class AsymmetricZeroPoint(Rule):
             if zps.size == 1 and zps[0] == expected:
                 continue
             fixable = params.granularity == PER_TENSOR and bool(np.all(params.scale > 0))
-            yield self.finding(ctx, qt.nodes[0], [_name(qt)], subject=qt, fixable=fixable, role=kind,
-                               tensor=_name(qt), zero_point=_zp_text(zps), expected=int(expected))
+            yield self.finding(ctx, qt.nodes[0], [ctx.value_name(qt)], subject=qt, fixable=fixable, role=kind,
+                               tensor=ctx.value_name(qt), zero_point=_zp_text(zps), expected=int(expected))
 
     def fix(self, ctx: CheckContext, finding: Finding) -> list[Change]:
         qt = finding.subject
@@ -194,8 +191,8 @@ class NonPow2Scale(Rule):
             if pow2.all_pow2(params.scale):
                 continue
             fixable = bool(np.all(np.isfinite(params.scale) & (params.scale > 0)))
-            yield self.finding(ctx, qt.nodes[0], [_name(qt)], subject=(qt, kind), fixable=fixable, role=kind,
-                               tensor=_name(qt), scale=describe(params.scale, np.zeros(1)))
+            yield self.finding(ctx, qt.nodes[0], [ctx.value_name(qt)], subject=(qt, kind), fixable=fixable, role=kind,
+                               tensor=ctx.value_name(qt), scale=describe(params.scale, np.zeros(1)))
 
     def fix(self, ctx: CheckContext, finding: Finding) -> list[Change]:
         qt, kind = finding.subject

@@ -78,8 +78,8 @@ def _positions(ctx: CheckContext, node: gs.Node) -> list[tuple[QTensor, int]] | 
     return found or None
 
 
-def _names(*values: QTensor | None) -> list[str]:
-    return [v.float_input.name if v.float_input is not None else v.integer.name for v in values if v is not None]
+def _names(ctx: CheckContext, *values: QTensor | None) -> list[str]:
+    return [ctx.value_name(v) for v in values if v is not None]
 
 
 @register
@@ -106,7 +106,7 @@ class ShiftRead(_ShiftRule):
         gap = max(positions) - min(positions)
         if gap <= ctx.params["max_gap"]:
             return None
-        return _names(*(qt for qt, _ in operands)), {"gap": gap, "positions": positions, "max_gap": ctx.params["max_gap"]}
+        return _names(ctx, *(qt for qt, _ in operands)), {"gap": gap, "positions": positions, "max_gap": ctx.params["max_gap"]}
 
     def repair(self, ctx, node):
         operands = _positions(ctx, node)
@@ -141,7 +141,7 @@ class _OutputShift(_ShiftRule):
         low, high = ctx.params["min"], ctx.params["max"]
         if low <= shift <= high:
             return None
-        return _names(*(qt for qt, _ in inputs), output), {"shift": shift, "min": low, "max": high}
+        return _names(ctx, *(qt for qt, _ in inputs), output), {"shift": shift, "min": low, "max": high}
 
     def repair(self, ctx, node):
         inputs, output, opos = self.operands(ctx, node)
@@ -239,7 +239,7 @@ class ShiftCut(_Weighted):
         shift = wpos + ipos - opos
         if ctx.params["min"] <= shift <= ctx.params["max"]:
             return None
-        return _names(data, weight, output), {
+        return _names(ctx, data, weight, output), {
             "shift": shift, "wpos": wpos, "ipos": ipos, "opos": opos, "min": ctx.params["min"], "max": ctx.params["max"],
         }
 
@@ -263,7 +263,7 @@ class ShiftBias(_Weighted):
     Why: the NPU adds the bias to the accumulator after shifting it left by `shift_bias`; the
     shifter allows at most 15, and at least `min(0, shift_cut + output_bits - accumulator_bits)`
     (0 when the op feeds a LeakyRelu, parameter `zero_min_before`). Applies to biases of the
-    types in `types` (int8 by default): an int32 bias must equal input × weight scale exactly
+    types in `types` (int8 and int16 by default): an int32 bias must equal input × weight scale exactly
     (QDQ606) and then has shift 0.
 
     Example: ipos 7, wpos 9, int8 bias at pos 0: shift 16 > 15. The fix moves the bias to pos 1
@@ -309,7 +309,7 @@ class ShiftBias(_Weighted):
         shift = wpos + ipos - bpos
         if low <= shift <= high:
             return None
-        return _names(bias), {"shift": shift, "wpos": wpos, "ipos": ipos, "bpos": bpos, "min": low, "max": high}
+        return _names(ctx, bias), {"shift": shift, "wpos": wpos, "ipos": ipos, "bpos": bpos, "min": low, "max": high}
 
     def repair(self, ctx, node):
         bias, bpos, ipos, wpos, low, high = self.state(ctx, node)
@@ -372,7 +372,7 @@ class HardSigmoidShift(_ShiftRule):
         p = ctx.params
         detail = (f"ipos in [{p['input_min']}, {p['input_max']}], opos ≥ {p['output_min']}, "
                   f"{p['shift_offset']} + ipos - opos in [0, {p['shift_max']}]")
-        return _names(data, output), {"ipos": ipos, "opos": opos, "detail": detail}
+        return _names(ctx, data, output), {"ipos": ipos, "opos": opos, "detail": detail}
 
     def repair(self, ctx, node):
         data, output, ipos, opos = self.operands(ctx, node)
@@ -383,7 +383,7 @@ class HardSigmoidShift(_ShiftRule):
         if new_opos != opos:
             changes += self.move(ctx, output, new_opos, node, f"HardSigmoid output pos {opos} → {new_opos}")
         # Later alignments (a pool after the HardSigmoid) must not make the output coarser again.
-        ctx.ceilings[_names(output)[0]] = 2.0 ** -max(new_opos, ctx.params["output_min"])
+        ctx.ceilings[_names(ctx, output)[0]] = 2.0 ** -max(new_opos, ctx.params["output_min"])
         return changes
 
 
