@@ -14,11 +14,10 @@ sys.path.insert(0, str(Path(__file__).parent))
 
 from builders import GraphBuilder  # noqa: E402
 
+from qdq.fix import fix  # noqa: E402
 from qdq.lint import lint  # noqa: E402
 from qdq.model import Model, load_model, save_model  # noqa: E402
-from qdq.quant_index import QuantIndex  # noqa: E402
-from qdq.rule import CheckContext, all_rules  # noqa: E402
-from qdq.ruleset import load_target  # noqa: E402
+from qdq.ruleset import RuleSet, load_target  # noqa: E402
 
 
 @pytest.fixture
@@ -35,18 +34,10 @@ def findings_of(model: Model, code: str, target: str = "common"):
     return [f for f in lint(model, load_target(target).narrowed(select=[code])).findings]
 
 
-def apply_fix(model: Model, code: str, target: str = "common") -> list:
-    """Apply one rule's fix to every fixable finding, then clean the graph, as `qdq fix` will."""
-    ruleset = load_target(target)
-    rule = all_rules()[code]()
-    cfg = ruleset.rules[code]
-    ctx = CheckContext(model=model, index=QuantIndex(model), params=cfg.params, severity=cfg.severity)
-    changes = []
-    for finding in list(rule.check(ctx)):
-        if finding.fix is not None:
-            changes.extend(rule.fix(ctx, finding))
-    model.graph.cleanup().toposort()
-    return changes
+def apply_fix(model: Model, code: str, target: str | RuleSet = "common") -> list:
+    """Apply one rule's fix to every fixable finding once, through the `qdq fix` driver."""
+    ruleset = load_target(target) if isinstance(target, str) else target
+    return fix(model, ruleset.narrowed(select=[code]), max_rounds=1).changes
 
 
 def run_ort(path: Path, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:

@@ -14,7 +14,7 @@ import numpy as np
 import onnx
 import pytest
 from builders import GraphBuilder
-from conftest import run_ort
+from conftest import apply_fix, run_ort
 from onnx import TensorProto, helper
 
 import cli
@@ -22,8 +22,7 @@ from qdq.checks.dpu import DPU_AVGPOOL_TABLE, dpu_avgpool_factor, dpu_avgpool_mu
 from qdq.errors import RuleSetError
 from qdq.lint import lint
 from qdq.model import Model, load_model, save_model
-from qdq.quant_index import QuantIndex
-from qdq.rule import CheckContext, Finding, FixSafety, Severity, all_rules
+from qdq.rule import Finding, FixSafety, Severity, all_rules
 from qdq.ruleset import RuleSet, load_rules_file
 
 DPU_CODES = ["QDQ701", "QDQ702", "QDQ703"]
@@ -70,19 +69,6 @@ def one(model: Model, code: str, ruleset: RuleSet) -> Finding:
 
 def none(model: Model, code: str, ruleset: RuleSet) -> None:
     assert found(model, code, ruleset) == []
-
-
-def apply_fix(model: Model, code: str, ruleset: RuleSet) -> list:
-    """Apply one rule's fix to every fixable finding, as `qdq fix` will, with this rule set's params."""
-    cfg = ruleset.rules[code]
-    rule = all_rules()[code]()
-    ctx = CheckContext(model=model, index=QuantIndex(model), params=cfg.params, severity=cfg.severity)
-    changes = []
-    for finding in list(rule.check(ctx)):
-        if finding.fix is not None:
-            changes.extend(rule.fix(ctx, finding))
-    model.graph.cleanup().toposort()
-    return changes
 
 
 def qdq_input(b: GraphBuilder, shape: list[int]) -> str:
