@@ -107,3 +107,19 @@ def test_a_float_model_has_nothing_to_fix(builder, tmp_path):
     result = fix(load_model(builder.save(tmp_path / "m.onnx")), load_target("npu"))
     assert result.changes == [] and result.converged
     assert result.result.notes
+
+
+def test_bad_inputs_file_stops_fix_before_anything_is_written(builder, tmp_path, capsys):
+    import cli
+
+    x = builder.input("x", [1, 4])
+    out = builder.qdq(x, scale=0.05)
+    builder.node("Identity", [out], ["y"])
+    builder.output("y", [1, 4])
+    path = builder.save(tmp_path / "m.onnx")
+    np.savez(tmp_path / "wrong.npz", z=np.zeros((1, 4), np.float32))
+    code = cli.main(["fix", str(path), "--target", "npu", "-o", str(tmp_path / "out.onnx"),
+                     "--inputs", str(tmp_path / "wrong.npz")])
+    err = capsys.readouterr().err
+    assert code == 2 and len(err.strip().splitlines()) == 1 and "wrong.npz" in err
+    assert not (tmp_path / "out.onnx").exists()

@@ -15,6 +15,7 @@ from qdq.commands.args import (
     emit,
     input_feeds,
     input_files,
+    load_for_output,
     log,
     parse_severity,
     project_config,
@@ -22,7 +23,7 @@ from qdq.commands.args import (
 )
 from qdq.files import atomic_write_text, check_writable
 from qdq.fix import DEFAULT_MAX_ROUNDS, FixResult, fix
-from qdq.model import Model, load_model, save_model
+from qdq.model import Model, save_model
 from qdq.reports import fix as fix_report
 from qdq.reports.json import dumps
 from qdq.rule import FixSafety, all_rules
@@ -77,21 +78,19 @@ def run(args: argparse.Namespace) -> int:
     fail_on = parse_severity(args.fail_on or config.fail_on or "warning", "--fail-on")
     output = args.model if args.in_place else args.output
     reads = input_files(args, config, ruleset) + ([args.inputs] if args.inputs is not None else [])
-    if args.output is not None:
-        check_writable(args.output, inputs=reads)
     if args.report is not None:
         check_writable(args.report, inputs=reads + ([output] if output is not None else []))
-    model = load_model(args.model)
-    if args.output is not None:
-        check_writable(args.output, inputs=model.input_files)
+    model = load_for_output(args.model, args.output, reads)
+    # Read (and check) the inputs before anything is written: a bad .npz writes nothing.
+    feeds = input_feeds(args, args.model) if args.verify else None
 
     log.info("fixing %s with rule set %r", args.model, ruleset.name)
     fixed = fix(model, ruleset, exact_only=args.exact_only, max_rounds=args.max_rounds)
     verification = None
     if args.output is not None:
         save_model(model, args.output)
-    if args.verify and fixed.changes:
-        verification = _verify(model, args)
+    if feeds is not None and fixed.changes:
+        verification = _verify(model, args, feeds)
     numbers_ok = verification is None or _acceptable(verification, fixed)
     if args.in_place and fixed.changes and numbers_ok:
         save_model(model, args.model, in_place=True)
@@ -119,22 +118,22 @@ def _check_options(args: argparse.Namespace) -> None:
             raise UsageError(f"{option} must be a number >= 0, not {value:g}")
 
 
-def _verify(model: Model, args: argparse.Namespace) -> VerifyResult:
+def _verify(model: Model, args: argparse.Namespace, feeds: tuple[dict, str]) -> VerifyResult:
     """Compare the fixed model with the input: the written output, or a temporary copy.
 
     With --in-place the input is only replaced after this comparison passes.
     """
     if args.output is not None:
-        return _compare(args, args.output)
+        return _compare(args, args.output, feeds)
     with tempfile.TemporaryDirectory(prefix="qdq-fix-") as folder:
         candidate = Path(folder) / args.model.name
         save_model(model, candidate)
-        return _compare(args, candidate)
+        return _compare(args, candidate, feeds)
 
 
-def _compare(args: argparse.Namespace, candidate: Path) -> VerifyResult:
-    feeds, label = input_feeds(args, args.model, range_from=candidate)
-    return compare(args.model, candidate, feeds, atol=args.atol, rtol=args.rtol,
+def _compare(args: argparse.Namespace, candidate: Path, feeds: tuple[dict, str]) -> VerifyResult:
+    values, label = feeds
+    return compare(args.model, candidate, values, atol=args.atol, rtol=args.rtol,
                    min_sqnr=args.min_sqnr, inputs_label=label)
 
 
