@@ -66,6 +66,13 @@ def resolve_ruleset(args: argparse.Namespace, config: ProjectConfig) -> RuleSet:
     return ruleset.narrowed(select, ignore)
 
 
+def resolve_fail_on(args: argparse.Namespace, config: ProjectConfig) -> Severity:
+    """The lowest severity that fails the run: --fail-on, then [tool.qdq] fail-on, then warning."""
+    if args.fail_on is not None:
+        return parse_severity(args.fail_on, "--fail-on")
+    return parse_severity(config.fail_on or "warning", f"{config.path} [tool.qdq] fail-on")
+
+
 def load_for_output(model_path: Path, output: Path | None, inputs: list[Path]) -> Model:
     """Load a model for a command that writes `output`, refusing bad outputs before and after loading.
 

@@ -17,8 +17,8 @@ from qdq.commands.args import (
     input_files,
     load_for_output,
     log,
-    parse_severity,
     project_config,
+    resolve_fail_on,
     resolve_ruleset,
 )
 from qdq.files import atomic_write_text, check_writable
@@ -75,7 +75,7 @@ def run(args: argparse.Namespace) -> int:
     _check_options(args)
     config = project_config(args)
     ruleset = resolve_ruleset(args, config)
-    fail_on = parse_severity(args.fail_on or config.fail_on or "warning", "--fail-on")
+    fail_on = resolve_fail_on(args, config)
     output = args.model if args.in_place else args.output
     reads = input_files(args, config, ruleset) + ([args.inputs] if args.inputs is not None else [])
     if args.report is not None:

@@ -12,8 +12,8 @@ from qdq.commands.args import (
     input_files,
     load_for_output,
     log,
-    parse_severity,
     project_config,
+    resolve_fail_on,
     resolve_ruleset,
 )
 from qdq.lint import lint
@@ -43,10 +43,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
 def run(args: argparse.Namespace) -> int:
     config = project_config(args)
     ruleset = resolve_ruleset(args, config)
-    if args.fail_on is not None:
-        fail_on = parse_severity(args.fail_on, "--fail-on")
-    else:
-        fail_on = parse_severity(config.fail_on or "warning", f"{config.path} [tool.qdq] fail-on")
+    fail_on = resolve_fail_on(args, config)
     log.info("linting %s with rule set %r (%d rules)", args.model, ruleset.name, len(ruleset.enabled()))
     model = load_for_output(args.model, args.output, input_files(args, config, ruleset))
     result = lint(model, ruleset)
