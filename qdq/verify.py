@@ -34,6 +34,8 @@ _INT_TYPES = {
     TensorProto.INT64: np.int64, TensorProto.UINT64: np.uint64,
 }
 _NUMPY_TYPES = {**_FLOAT_TYPES, **_INT_TYPES, TensorProto.BOOL: np.bool_}
+# A declared input shape larger than this is refused for random inputs rather than allocated.
+_MAX_RANDOM_INPUT_BYTES = 1 << 30
 # The output types of a QuantizeLinear whose float range make_inputs samples: (qmin, qmax).
 _Q_RANGES = {
     TensorProto.INT8: (-128, 127), TensorProto.UINT8: (0, 255),
@@ -139,6 +141,11 @@ def make_inputs(
             )
         dtype = _NUMPY_TYPES[elem_type]
         shape = _input_shape(value, shapes.get(value.name), model_path)
+        if math.prod(shape) * np.dtype(dtype).itemsize > _MAX_RANDOM_INPUT_BYTES:
+            raise QdqError(
+                f"{model_path}: input {value.name!r} of shape {_shape_text(shape)} is too large for random inputs; "
+                "give --inputs FILE.npz"
+            )
         if elem_type in _FLOAT_TYPES:
             bounds = _q_range(graph, value.name, shape, model_path)
             if bounds is None and other is not None:

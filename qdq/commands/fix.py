@@ -92,10 +92,11 @@ def run(args: argparse.Namespace) -> int:
     log.info("fixing %s with rule set %r", args.model, ruleset.name)
     fixed = fix(model, ruleset, exact_only=args.exact_only, max_rounds=args.max_rounds, ranges=ranges)
     verification = None
-    if args.output is not None:
-        save_model(model, args.output)
+    # Verify a temporary copy first: an input onnxruntime cannot run ends in exit 2 with nothing written.
     if feeds is not None and fixed.changes:
         verification = _verify(model, args, feeds)
+    if args.output is not None:
+        save_model(model, args.output)
     numbers_ok = verification is None or _acceptable(verification, fixed)
     if args.in_place and fixed.changes and numbers_ok:
         save_model(model, args.model, in_place=True)
@@ -124,16 +125,18 @@ def _check_options(args: argparse.Namespace) -> None:
 
 
 def _verify(model: Model, args: argparse.Namespace, feeds: tuple[dict, str]) -> VerifyResult:
-    """Compare the fixed model with the input: the written output, or a temporary copy.
+    """Compare the fixed model, saved to a temporary folder, with the input.
 
-    With --in-place the input is only replaced after this comparison passes.
+    Runs before the output is written, and with --in-place the input is only replaced after this
+    comparison passes.
     """
-    if args.output is not None:
-        return _compare(args, args.output, feeds)
     with tempfile.TemporaryDirectory(prefix="qdq-fix-") as folder:
         candidate = Path(folder) / args.model.name
         save_model(model, candidate)
-        return _compare(args, candidate, feeds)
+        result = _compare(args, candidate, feeds)
+    if args.output is not None:
+        result.candidate = str(args.output)  # the file this comparison stands for, written next
+    return result
 
 
 def _compare(args: argparse.Namespace, candidate: Path, feeds: tuple[dict, str]) -> VerifyResult:

@@ -212,6 +212,8 @@ def _json(text: str, path: Path) -> Any:
         where = f"line {exc.lineno} column {exc.colno}"
         hint = "truncated? " if exc.pos >= len(text.rstrip()) else ""
         raise EngineFileError(f"{path}: not valid JSON ({hint}{exc.msg} at {where})") from None
+    except RecursionError:
+        raise EngineFileError(f"{path}: not a trtexec JSON file (nested too deeply to read)") from None
 
 
 def _layers_and_bindings(root: Any, path: Path) -> tuple[list, list[str]]:
@@ -297,7 +299,7 @@ def _version(raw_layers: list, root: Any, layers: list[Layer]) -> str:
     if not layers[0].detailed:
         return "names-only"
     metadata = "".join(str(r.get("Metadata", "")) for r in raw_layers)
-    types = {r.get("LayerType") for r in raw_layers}
+    types = {str(r.get("LayerType")) for r in raw_layers}
     if "\x1f" in metadata or types & {"kgen", "gemm", "shape_call"}:
         return "10.x"
     if metadata:

@@ -38,6 +38,8 @@ def load_profile(path: str | Path) -> list[ProfileRow]:
         document = json.loads(text)
     except json.JSONDecodeError:
         rows = _rows_by_pattern(text, path)
+    except RecursionError:
+        raise EngineFileError(f"{path}: not a trtexec --exportProfile file (nested too deeply to read)") from None
     else:
         rows = _rows_from_json(document, path)
     if not rows:
