@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from qdq.lint import LintResult, lint
-from qdq.model import Model
+from qdq.model import Model, gc_paused
 from qdq.quant_index import QuantIndex
 from qdq.rewrite import Names
 from qdq.rule import Change, CheckContext, FixSafety
@@ -69,6 +69,17 @@ def fix(
     `ranges` are measured (min, max) per float tensor (`qdq.calibrate.tensor_ranges`), for fixes
     that need a scale the graph does not have.
     """
+    with gc_paused():  # see lint(): the collector's passes over a large graph cost more than the fixes
+        return _fix(model, ruleset, exact_only, max_rounds, ranges)
+
+
+def _fix(
+    model: Model,
+    ruleset: RuleSet,
+    exact_only: bool,
+    max_rounds: int,
+    ranges: dict[str, tuple[float, float]] | None,
+) -> FixResult:
     sequence = [
         (rule, cfg) for rule, cfg in ruleset.fix_sequence() if not exact_only or rule.fix_safety == FixSafety.EXACT
     ]

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from qdq.model import Model
+from qdq.model import Model, gc_paused
 from qdq.quant_index import QuantIndex
 from qdq.rule import CheckContext, Finding, Severity
 from qdq.ruleset import RuleConfig, RuleSet
@@ -67,17 +67,19 @@ def lint(model: Model, ruleset: RuleSet, ranges: dict[str, tuple[float, float]] 
 
     With measured `ranges` (calibration), findings whose fix needs data are reported as fixable.
     """
-    index = QuantIndex(model)
     findings: list[Finding] = []
     rules_run: list[str] = []
     notes: list[str] = []
-    if not index.has_qdq:
-        notes.append("the model has no QuantizeLinear or DequantizeLinear nodes: nothing to check")
-    else:
-        for rule, cfg in ruleset.enabled():
+    # The rules allocate many small objects next to a graph of millions; with the cyclic
+    # collector on, its full passes over the graph took a quarter of lint time at 100k nodes.
+    with gc_paused():
+        index = QuantIndex(model)
+        if not index.has_qdq:
+            notes.append("the model has no QuantizeLinear or DequantizeLinear nodes: nothing to check")
+        for rule, cfg in ruleset.enabled() if index.has_qdq else ():
             rules_run.append(rule.code)
             ctx = CheckContext(model=model, index=index, params=cfg.params, severity=cfg.severity, ranges=ranges)
             findings.extend(predict(finding, cfg) for finding in rule.check(ctx))
-    # Stable sort: a rule's findings on one node stay in the order the rule reported them.
-    findings.sort(key=lambda f: (-f.severity, f.code, f.node or ""))
+        # Stable sort: a rule's findings on one node stay in the order the rule reported them.
+        findings.sort(key=lambda f: (-f.severity, f.code, f.node or ""))
     return LintResult(model.path, ruleset, findings, rules_run, notes)

@@ -14,7 +14,7 @@ import onnx_graphsurgeon as gs
 
 from qdq.errors import RuleSetError
 from qdq.operands import input_value, output_value, scale_of
-from qdq.quant_index import QTensor
+from qdq.quant_index import QTensor, is_uniform
 from qdq.requantize import describe, set_params
 from qdq.rule import Change, CheckContext, Finding, FixSafety, Rule, Severity, register
 
@@ -57,7 +57,7 @@ def can_share(ctx: CheckContext, members: list[QTensor]) -> bool:
     return (
         all(scale_of(ctx.index, qt) is not None for qt in members)
         and len({p.elem_type for p in params}) == 1
-        and all(np.unique(p.zero_point).size == 1 for p in params)
+        and all(is_uniform(p.zero_point) for p in params)
     )
 
 
@@ -88,8 +88,18 @@ def _winner(ctx: CheckContext, members: list[QTensor], prefer: str) -> QTensor:
         raise RuleSetError(f"prefer must be one of {', '.join(_PREFER)}, got {prefer!r}")
     if prefer == "output":
         return members[-1]
-    # max() keeps the first of equal scales; reversed so that ties go to the output.
-    return max(reversed(members), key=lambda qt: scale_of(ctx.index, qt))
+    # max() keeps the first of equal keys; reversed so that ties go to the output.
+    return max(reversed(members), key=lambda qt: _coarseness(ctx, qt))
+
+
+def _coarseness(ctx: CheckContext, qt: QTensor) -> tuple[float, float, float]:
+    """Scale first; equal scales rank by zero-point (nearest the type's midpoint), a total order, so
+    groups that share a member settle on one zero-point instead of trading it back and forth."""
+    params = ctx.index.params(qt.nodes[0])
+    zero_point = float(params.zero_point.ravel()[0])
+    qtype = params.qtype
+    midpoint = 0.0 if qtype is None or qtype.signed else (qtype.qmax + 1) / 2
+    return scale_of(ctx.index, qt), -abs(zero_point - midpoint), zero_point
 
 
 

@@ -16,7 +16,7 @@ from qdq import pow2
 from qdq.dtypes import DEQUANTIZE_ONLY, type_name
 from qdq.errors import RuleSetError
 from qdq.operands import ACTIVATION, BIAS, WEIGHT, WEIGHT_INPUT, output_channel_axis, output_value, role, scale_of
-from qdq.quant_index import PER_AXIS, PER_TENSOR, QUANTIZE, QParams, QTensor, resolve_constant, source_values
+from qdq.quant_index import PER_AXIS, PER_TENSOR, QUANTIZE, QParams, QTensor, is_uniform, resolve_constant, source_values
 from qdq.requantize import describe, set_params
 from qdq.rule import Change, CheckContext, Finding, FixSafety, Rule, Severity, register
 
@@ -93,7 +93,7 @@ class PerAxisScale(Rule):
 
 def _per_axis_fixable(params: QParams) -> bool:
     """Whether per-axis parameters can become one scale: not blocked, one zero-point, positive scales."""
-    return bool(not params.block_size and np.unique(params.zero_point).size == 1 and np.all(params.scale > 0))
+    return bool(not params.block_size and is_uniform(params.zero_point) and np.all(params.scale > 0))
 
 
 def _one_scale(ctx: CheckContext, qt: QTensor, code: str, reason: str) -> list[Change]:
@@ -129,9 +129,9 @@ class AsymmetricZeroPoint(Rule):
             if qtype is None or qtype.is_float:
                 continue
             expected = _expected_zero_point(qtype, ctx.params["unsigned_midpoint"])
-            zps = np.unique(params.zero_point)
-            if zps.size == 1 and zps[0] == expected:
+            if is_uniform(params.zero_point) and params.zero_point.flat[0] == expected:
                 continue
+            zps = np.unique(params.zero_point)
             fixable = params.granularity == PER_TENSOR and bool(np.all(params.scale > 0))
             yield self.finding(ctx, qt.nodes[0], [ctx.value_name(qt)], subject=qt, fixable=fixable, role=kind,
                                tensor=ctx.value_name(qt), zero_point=_zp_text(zps), expected=int(expected))
