@@ -108,7 +108,7 @@ def quantized_weight(ctx: CheckContext, consumer: gs.Node, slot: int, axis: int,
     q = np.clip(np.rint(values / scale.reshape(shape)), -127, 127)
     back = q * scale.reshape(shape)
     noise, signal = float(np.sum((values - back) ** 2)), float(np.sum(values**2))
-    integers = gs.Constant(ctx.new_name(f"{weight.name}_quantized"), q.astype(np.int8))
+    integers = ctx.model.new_constant(ctx.new_name(f"{weight.name}_quantized"), q.astype(np.int8))
     out = gs.Variable(ctx.new_name(f"{weight.name}_dequantized"), dtype=weight.dtype, shape=list(values.shape))
     dequantize = gs.Node(DEQUANTIZE, ctx.new_name(f"{weight.name}_DequantizeLinear"), attrs={"axis": axis}, inputs=[
         integers,

@@ -8,10 +8,12 @@ one-line `ModelLoadError`. Saving is atomic and keeps external weights in extern
 from __future__ import annotations
 
 import gc
+import math
 import os
 import shutil
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
 from typing import Iterator
 
@@ -23,12 +25,26 @@ from onnx import TensorProto, numpy_helper
 
 from qdq.errors import ModelLoadError, OutputError
 from qdq.files import atomic_write_bytes, check_writable, same_file
+from qdq.graph_import import import_graph
+from qdq.spill import Spill
 
 # QuantizeLinear and DequantizeLinear exist from opset 10 on.
 MIN_OPSET = 10
 _LFS_POINTER_PREFIX = b"version https://git-lfs"
 # Tensors a fix creates that are larger than this go to external data when the model uses it.
 _EXTERNAL_THRESHOLD_BYTES = 1024
+# Element types whose raw_data is the little-endian numpy layout as it is.
+_RAW_DTYPES = {
+    TensorProto.FLOAT: np.dtype("<f4"),
+    TensorProto.DOUBLE: np.dtype("<f8"),
+    TensorProto.FLOAT16: np.dtype("<f2"),
+    TensorProto.INT8: np.dtype("i1"),
+    TensorProto.UINT8: np.dtype("u1"),
+    TensorProto.INT16: np.dtype("<i2"),
+    TensorProto.UINT16: np.dtype("<u2"),
+    TensorProto.INT32: np.dtype("<i4"),
+    TensorProto.INT64: np.dtype("<i8"),
+}
 
 
 @dataclass
@@ -39,13 +55,14 @@ class Model:
     path: Path
     opset: int
     proto: onnx.ModelProto = field(repr=False)
+    _spill: Spill | None = field(default=None, init=False, repr=False)
 
     @property
     def base_dir(self) -> Path:
         """The folder external-data locations are relative to."""
         return self.path.parent
 
-    @property
+    @cached_property
     def uses_external_data(self) -> bool:
         return any(_is_external(t) for t in _all_tensor_protos(self.proto.graph))
 
@@ -57,9 +74,42 @@ class Model:
     def constant_values(self, tensor: gs.Constant) -> np.ndarray:
         """The values of a constant, reading external data relative to the model, not the cwd."""
         lazy = tensor._values
-        if isinstance(lazy, gs.ir.tensor.LazyValues):
-            return numpy_helper.to_array(lazy.tensor, base_dir=str(self.base_dir))
-        return np.asarray(lazy)
+        if not isinstance(lazy, gs.ir.tensor.LazyValues):
+            return np.asarray(lazy)
+        proto = lazy.tensor
+        dtype = _RAW_DTYPES.get(proto.data_type)
+        if dtype is not None and proto.data_location == TensorProto.EXTERNAL:
+            # Mapped, not read: a rule that looks at one weight of a multi-GB model costs no memory.
+            info = {entry.key: entry.value for entry in proto.external_data}
+            shape = tuple(proto.dims)
+            if math.prod(shape) == 0:
+                return np.zeros(shape, dtype=dtype)
+            return np.memmap(self.base_dir / info["location"], dtype=dtype, mode="r",
+                             offset=int(info.get("offset", 0)), shape=shape)
+        if dtype is not None and proto.raw_data:
+            # The common case (a scale, a zero-point, an int8 weight) without numpy_helper's
+            # per-call overhead, which dominates on models with 100k Q/DQ parameters.
+            raw, shape = proto.raw_data, tuple(proto.dims)
+            if len(raw) != math.prod(shape) * dtype.itemsize:
+                # The ONNX checker refuses data shorter than the shape, not longer.
+                raise ModelLoadError(f"{self.path}: tensor {proto.name!r} holds {len(raw)} bytes, "
+                                     f"not the {math.prod(shape) * dtype.itemsize} its shape {list(shape)} needs")
+            return np.frombuffer(raw, dtype=dtype).reshape(shape).copy()
+        return numpy_helper.to_array(proto, base_dir=str(self.base_dir))
+
+    def new_constant(self, name: str, values: np.ndarray) -> gs.Constant:
+        """A constant holding values a fix computed (a re-quantized or folded weight).
+
+        In a model with external data, large values go straight to a scratch data file
+        (`qdq.spill`) and are saved as external data, so a fix of gigabytes of weights holds
+        one weight in memory at a time.
+        """
+        values = np.asarray(values)
+        if not self.uses_external_data or values.nbytes <= _EXTERNAL_THRESHOLD_BYTES or values.dtype not in _RAW_DTYPES.values():
+            return gs.Constant(name, values)
+        if self._spill is None:
+            self._spill = Spill(self.path.stem)
+        return self._spill.constant(name, values)
 
 
 def load_model(path: str | os.PathLike) -> Model:
@@ -88,7 +138,7 @@ def load_model(path: str | os.PathLike) -> Model:
         raise ModelLoadError(f"{path}: invalid ONNX model: {_first_line(exc)}") from None
     with gc_paused():
         try:
-            graph = gs.import_onnx(proto)
+            graph = import_graph(proto)
         except Exception as exc:
             raise ModelLoadError(f"{path}: cannot import the graph: {_first_line(exc)}") from None
     return Model(graph=graph, path=path, opset=opset, proto=proto)
@@ -239,12 +289,14 @@ def _place_external_data(tensors: list[TensorProto], source_dir: Path, out_path:
     new_data: list[TensorProto] = []
     for tensor in tensors:
         if _is_external(tensor):
-            if out_dir == source_dir:
-                continue
             info = {entry.key: entry for entry in tensor.external_data}
             location = info["location"].value
+            if out_dir == source_dir and not os.path.isabs(location):  # absolute: a fix's scratch file
+                continue
             if location not in copied:
-                copied[location] = _copy_data_file(source_dir / location, out_dir, out_path.stem)
+                # A fix's scratch file takes the output's name; the input's data files keep theirs.
+                name = f"{out_path.stem}.data" if os.path.isabs(location) else Path(location).name
+                copied[location] = _copy_data_file(source_dir / location, out_dir, name, out_path.stem)
                 created.append(out_dir / copied[location])
             info["location"].value = copied[location]
         elif tensor.ByteSize() > _EXTERNAL_THRESHOLD_BYTES:
@@ -253,13 +305,13 @@ def _place_external_data(tensors: list[TensorProto], source_dir: Path, out_path:
         created.append(out_dir / _write_new_external_file(new_data, out_dir, out_path.stem))
 
 
-def _copy_data_file(source: Path, out_dir: Path, stem: str) -> str:
+def _copy_data_file(source: Path, out_dir: Path, name: str, stem: str) -> str:
     """Copy an external data file next to the output under a name that overwrites nothing.
 
     A real copy, not a hard link: onnx appends to an existing data file when it re-saves a model,
     and through a shared inode that would change the input's weights.
     """
-    name = _free_name(out_dir, source.name, stem)
+    name = _free_name(out_dir, name, stem)
     tmp = out_dir / f".{name}.tmp"
     try:
         shutil.copyfile(source, tmp)

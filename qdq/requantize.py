@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import logging
 import math
+from typing import Callable, Iterator
 
 import numpy as np
 import onnx_graphsurgeon as gs
@@ -26,6 +27,9 @@ from qdq import pow2
 from qdq.dtypes import QuantType, quant_type
 from qdq.quant_index import QParams, QTensor, resolve_constant, source_values
 from qdq.rule import Change, CheckContext
+
+# Values per block when re-quantizing a weight: bounds the float64 temporaries (~40 bytes a value).
+_BLOCK_ELEMENTS = 1 << 22
 
 log = logging.getLogger("qdq")
 
@@ -97,7 +101,8 @@ def describe(scale: np.ndarray, zero_point: np.ndarray) -> str:
         text = f"2^{-pow2.int_pos(value)}" if pow2.is_pow2(value) else f"{value:.6g}"
     else:
         text = f"{flat.size} per-axis scales in [{flat.min():.6g}, {flat.max():.6g}]"
-    zps = np.unique(np.asarray(zero_point).ravel())
+    zps = np.asarray(zero_point).ravel()
+    zps = zps if zps.size <= 1 else np.unique(zps)
     if zps.size > 1 or (zps.size == 1 and zps[0] != 0):
         text += f" zp {int(zps[0])}" if zps.size == 1 else " per-axis zp"
     return text
@@ -108,12 +113,16 @@ def _requantize_stored(
 ) -> dict:
     """Write re-quantized integers as a new constant read by every DQ of the value."""
     source = resolve_constant(qt.integer)
-    old_q = source_values(ctx.model, source).astype(np.float64)
-    real = (old_q - _along(params.zero_point, old_q.ndim, params.axis)) * _along(params.scale, old_q.ndim, params.axis)
-    new_q, values = _quantize(real, scale, zp, axis, quant_type(elem_type))
-    dtype = _np_type(elem_type)
+    old_q = source_values(ctx.model, source)  # memory-mapped when the weights are external
+
+    def real(rows: slice) -> np.ndarray:
+        block = old_q[rows].astype(np.float64)
+        zero_point, old_scale = (_along(v, old_q.ndim, params.axis, rows) for v in (params.zero_point, params.scale))
+        return (block - zero_point) * old_scale
+
+    new_q, values = _quantize(real, old_q.shape, scale, zp, axis, quant_type(elem_type), _np_type(elem_type))
     name = ctx.value_name(qt)
-    constant = gs.Constant(ctx.new_name(f"{name}_requantized", replacing=qt.integer.name), new_q.astype(dtype))
+    constant = ctx.model.new_constant(ctx.new_name(f"{name}_requantized", replacing=qt.integer.name), new_q)
     for node in qt.dequantizes:
         _set_input(node, 0, constant)
     # The index outlives this edit (the fix driver keeps it while fixes only swap constants): point
@@ -130,23 +139,39 @@ def _measure_float_constant(
     source = resolve_constant(qt.quantize.inputs[0]) if qt.quantize.inputs else None
     if source is None:
         return {}
-    real = source_values(ctx.model, source).astype(np.float64)
-    return _quantize(real, scale, zp, axis, quant_type(elem_type))[1]
+    weights = source_values(ctx.model, source)
+
+    def real(rows: slice) -> np.ndarray:
+        return weights[rows].astype(np.float64)
+
+    return _quantize(real, weights.shape, scale, zp, axis, quant_type(elem_type), np.float64)[1]
 
 
-def _quantize(real: np.ndarray, scale: np.ndarray, zp: np.ndarray, axis: int, qtype: QuantType) -> tuple[np.ndarray, dict]:
-    """QuantizeLinear's arithmetic (round half to even, then clip) and its cost on these values."""
-    s, z = _along(scale, real.ndim, axis), _along(zp, real.ndim, axis)
-    unclipped = np.rint(real / s) + z
-    q = np.clip(unclipped, qtype.qmin, qtype.qmax)
-    back = (q - z) * s
-    noise = float(np.sum((real - back) ** 2))
-    signal = float(np.sum(real**2))
-    values = {
-        "elements": int(real.size),
-        "saturated": int(np.count_nonzero(q != unclipped)),
-        "rounded_to_zero": int(np.count_nonzero((q == z) & (real != 0))),
-    }
+def _quantize(
+    real: Callable[[slice], np.ndarray], shape: tuple[int, ...], scale: np.ndarray, zp: np.ndarray, axis: int,
+    qtype: QuantType, dtype: np.dtype,
+) -> tuple[np.ndarray, dict]:
+    """QuantizeLinear's arithmetic (round half to even, then clip) and its cost on these values.
+
+    `real(rows)` gives the float values of a block of rows (along the first axis). Blocks keep the
+    float64 temporaries of a multi-GB weight to a few hundred MB.
+    """
+    ndim = len(shape)
+    q = np.empty(shape, dtype=dtype)
+    noise = signal = 0.0
+    saturated = rounded_to_zero = 0
+    for rows in _row_blocks(shape):
+        block = real(rows)
+        s, z = _along(scale, ndim, axis, rows), _along(zp, ndim, axis, rows)
+        unclipped = np.rint(block / s) + z
+        clipped = np.clip(unclipped, qtype.qmin, qtype.qmax)
+        back = (clipped - z) * s
+        noise += float(np.sum((block - back) ** 2))
+        signal += float(np.sum(block**2))
+        saturated += int(np.count_nonzero(clipped != unclipped))
+        rounded_to_zero += int(np.count_nonzero((clipped == z) & (block != 0)))
+        q[rows] = clipped
+    values = {"elements": math.prod(shape), "saturated": saturated, "rounded_to_zero": rounded_to_zero}
     if signal > 0:
         values["sqnr_db"] = round(10 * math.log10(signal / noise), 2) if noise > 0 else math.inf
     return q, values
@@ -183,14 +208,29 @@ def _new_zero_point(old: np.ndarray, scale: np.ndarray, given: float | np.ndarra
     return np.full(scale.shape, uniform[0] if uniform.size else 0.0)
 
 
-def _along(values: np.ndarray, ndim: int, axis: int) -> np.ndarray:
-    """Broadcast per-axis parameters over a tensor of rank `ndim` (scalars pass through)."""
+def _along(values: np.ndarray, ndim: int, axis: int, rows: slice = slice(None)) -> np.ndarray:
+    """Broadcast per-axis parameters over a tensor of rank `ndim` (scalars pass through).
+
+    With `rows`, over that block of rows of the tensor (which matters only when `axis` is 0).
+    """
     values = np.asarray(values, dtype=np.float64)
     if values.size <= 1:
         return values.reshape(())
     shape = [1] * ndim
-    shape[axis if axis >= 0 else axis + ndim] = values.size
-    return values.reshape(shape)
+    axis = axis if axis >= 0 else axis + ndim
+    shape[axis] = values.size
+    return values.reshape(shape)[rows] if axis == 0 else values.reshape(shape)
+
+
+def _row_blocks(shape: tuple[int, ...]) -> Iterator[slice]:
+    """Slices of about _BLOCK_ELEMENTS values along the first axis (`...`, all of it, for a 0-d tensor)."""
+    if not shape:
+        yield ...
+        return
+    per_row = max(1, math.prod(shape[1:]))
+    step = max(1, _BLOCK_ELEMENTS // per_row)
+    for start in range(0, max(shape[0], 1), step):
+        yield slice(start, start + step)
 
 
 def _same(a: np.ndarray, b: np.ndarray) -> bool:

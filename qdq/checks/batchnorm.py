@@ -330,13 +330,13 @@ def _fold_weight(ctx: CheckContext, chain: _Chain) -> tuple[np.ndarray, dict]:
     if weight.stored:
         new_ints, unclipped = _quantize(ideal, scale_b, zero_point, params)
         new_name = ctx.new_name(f"{name}_folded", replacing=weight.integer.name)
-        ints = gs.Constant(new_name, new_ints.astype(values.dtype))
+        ints = ctx.model.new_constant(new_name, new_ints.astype(values.dtype))
         for dq in weight.dequantizes:
             dq.inputs[0] = ints
     else:
         folded = (factor * values.astype(np.float64)).astype(values.dtype)
         new_ints, unclipped = _quantize(folded, scale_b, zero_point, params)
-        weight.quantize.inputs[0] = gs.Constant(ctx.new_name(f"{name}_folded"), folded)
+        weight.quantize.inputs[0] = ctx.model.new_constant(ctx.new_name(f"{name}_folded"), folded)
     scale_type = _np_type(params.scale_source.elem_type)
     scale_constant = gs.Constant(ctx.new_name(f"{name}_scale"), np.asarray(new_scale, scale_type))
     for q_or_dq in weight.nodes:
