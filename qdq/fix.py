@@ -15,6 +15,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
+from qdq.graph_tidy import tidy
 from qdq.lint import LintResult, lint
 from qdq.model import Model, gc_paused
 from qdq.quant_index import QuantIndex
@@ -104,7 +105,7 @@ def _fix(
             if made:
                 log.info("round %d: %s changed %d value(s)", rounds, rule.code, len(made))
                 if rule.edits_graph:
-                    model.graph.cleanup().toposort()
+                    tidy(model.graph)
                     index = None
             last_round += made
         changes += last_round
@@ -113,6 +114,6 @@ def _fix(
             break
     if changes:
         # Drop the constants and nodes the fixes left unused.
-        model.graph.cleanup().toposort()
+        tidy(model.graph)
     still = sorted({c.code for c in last_round}) if not converged else []
     return FixResult(changes, rounds, converged, max_rounds, lint(model, ruleset, ranges), still, exact_only)
