@@ -13,7 +13,7 @@ import sys
 import traceback
 from contextlib import suppress
 
-from qdq import __version__
+from qdq import __version__, progress
 from qdq.commands import COMMANDS
 from qdq.commands.args import setup_logging
 from qdq.errors import QdqError
@@ -52,7 +52,8 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_USAGE
     setup_logging(args)
     try:
-        return args.run(args)
+        with progress.shown(sys.stderr, enabled=not args.quiet):
+            return args.run(args)
     except QdqError as exc:
         sys.stderr.write(f"qdq: error: {_one_line(str(exc))}\n")
     except KeyboardInterrupt:

@@ -15,6 +15,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
+from qdq import progress
 from qdq.graph_tidy import tidy
 from qdq.lint import LintResult, lint
 from qdq.model import Model, gc_paused
@@ -92,7 +93,8 @@ def _fix(
     while rounds < max_rounds:
         rounds += 1
         last_round = []
-        for rule, cfg in sequence:
+        for number, (rule, cfg) in enumerate(sequence, 1):
+            progress.step(f"fixing, round {rounds}: {rule.code} {rule.name} ({number}/{len(sequence)})")
             index = index or QuantIndex(model)
             if not index.has_qdq:
                 break

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from qdq import progress
 from qdq.model import Model, gc_paused
 from qdq.quant_index import QuantIndex
 from qdq.rule import CheckContext, Finding, Severity
@@ -76,7 +77,9 @@ def lint(model: Model, ruleset: RuleSet, ranges: dict[str, tuple[float, float]] 
         index = QuantIndex(model)
         if not index.has_qdq:
             notes.append("the model has no QuantizeLinear or DequantizeLinear nodes: nothing to check")
-        for rule, cfg in ruleset.enabled() if index.has_qdq else ():
+        enabled = ruleset.enabled() if index.has_qdq else []
+        for number, (rule, cfg) in enumerate(enabled, 1):
+            progress.step(f"checking {rule.code} {rule.name} ({number}/{len(enabled)})")
             rules_run.append(rule.code)
             ctx = CheckContext(model=model, index=index, params=cfg.params, severity=cfg.severity, ranges=ranges)
             findings.extend(predict(finding, cfg) for finding in rule.check(ctx))

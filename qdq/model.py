@@ -23,6 +23,7 @@ import onnx_graphsurgeon as gs
 from google.protobuf.message import DecodeError
 from onnx import TensorProto, numpy_helper
 
+from qdq import progress
 from qdq.errors import ModelLoadError, OutputError
 from qdq.files import atomic_write_bytes, check_writable, same_file
 from qdq.graph_import import import_graph
@@ -116,6 +117,7 @@ def load_model(path: str | os.PathLike) -> Model:
     """Read and validate an ONNX model; raise ModelLoadError with a one-line reason if unusable."""
     path = Path(path)
     _check_model_file(path)
+    progress.step(f"reading {path.name}")
     try:
         proto = onnx.load(str(path), load_external_data=False)
     except (DecodeError, RuntimeWarning, ValueError, TypeError) as exc:
@@ -132,10 +134,12 @@ def load_model(path: str | os.PathLike) -> Model:
             f"{path}: opset {opset} is older than {MIN_OPSET}, the first with QuantizeLinear/DequantizeLinear"
         )
     _check_external_data(proto, path)
+    progress.step(f"checking {path.name} with the ONNX checker")
     try:
         onnx.checker.check_model(str(path))
     except Exception as exc:
         raise ModelLoadError(f"{path}: invalid ONNX model: {_first_line(exc)}") from None
+    progress.step(f"building the graph of {path.name} ({len(proto.graph.node)} nodes)")
     with gc_paused():
         try:
             graph = import_graph(proto)
@@ -156,6 +160,7 @@ def save_model(model: Model, out_path: str | os.PathLike, in_place: bool = False
     out_path = Path(out_path)
     protected = [f for f in model.input_files if not (in_place and same_file(Path(f), model.path))]
     check_writable(out_path, inputs=protected)
+    progress.step(f"writing {out_path.name}")
     with gc_paused():
         proto = gs.export_onnx(model.graph)
     proto.ir_version = model.proto.ir_version

@@ -7,6 +7,7 @@ import math
 import tempfile
 from pathlib import Path
 
+from qdq import progress
 from qdq.commands.args import (
     UsageError,
     add_input_args,
@@ -141,6 +142,7 @@ def _verify(model: Model, args: argparse.Namespace, feeds: tuple[dict, str]) -> 
 
 def _compare(args: argparse.Namespace, candidate: Path, feeds: tuple[dict, str]) -> VerifyResult:
     values, label = feeds
+    progress.step("comparing outputs with the input model in onnxruntime")
     return compare(args.model, candidate, values, atol=args.atol, rtol=args.rtol,
                    min_sqnr=args.min_sqnr, inputs_label=label)
 

@@ -1,0 +1,66 @@
+"""A one-line progress display for long runs, on a terminal only.
+
+Loading, checking and fixing a 100k-node model takes tens of seconds; a CI gate that prints
+nothing for that long looks hung. The library calls `step()` at each phase; nothing is shown
+unless the command line turned the display on (stderr is a terminal and not `-q`), nothing is
+shown for runs shorter than `DELAY` seconds, and the line is erased when the run ends, so
+reports and pipes never see it.
+"""
+
+from __future__ import annotations
+
+import time
+from contextlib import contextmanager
+from typing import Callable, Iterator, TextIO
+
+DELAY = 1.0  # seconds before the first line: short runs stay silent
+INTERVAL = 0.1  # seconds between redraws
+
+
+class _Display:
+    def __init__(self, stream: TextIO, clock: Callable[[], float]):
+        self.stream = stream
+        self.clock = clock
+        self.started = clock()
+        self.last_draw = 0.0
+        self.width = 0
+
+    def show(self, text: str) -> None:
+        now = self.clock()
+        if now - self.started < DELAY or now - self.last_draw < INTERVAL:
+            return
+        self.last_draw = now
+        line = f"qdq: {text} ({now - self.started:.0f} s)"[:119]
+        self.stream.write("\r" + line.ljust(self.width))
+        self.stream.flush()
+        self.width = len(line)
+
+    def erase(self) -> None:
+        if self.width:
+            self.stream.write("\r" + " " * self.width + "\r")
+            self.stream.flush()
+            self.width = 0
+
+
+_display: _Display | None = None
+
+
+def step(text: str) -> None:
+    """Say what the run is doing now (a no-op unless `shown()` is active)."""
+    if _display is not None:
+        _display.show(text)
+
+
+@contextmanager
+def shown(stream: TextIO, enabled: bool = True, clock: Callable[[], float] = time.monotonic) -> Iterator[None]:
+    """Display `step()` texts on `stream` while the block runs, if it is a terminal and `enabled`."""
+    global _display
+    if not enabled or not stream.isatty():
+        yield
+        return
+    _display = _Display(stream, clock)
+    try:
+        yield
+    finally:
+        _display.erase()
+        _display = None
