@@ -6,9 +6,9 @@ These are spec violations: a runtime rejects the model, or worse, accepts it and
 
 from __future__ import annotations
 
+import math
 from typing import Iterable
 
-import numpy as np
 from onnx import TensorProto
 
 from qdq.dtypes import DEQUANTIZE_ONLY, type_name
@@ -64,9 +64,10 @@ def _scale_problem(p: QParams) -> str | None:
     values = p.scale
     if values.size == 0:
         return "scale is empty"
-    if not np.all(np.isfinite(values)):
+    # min and max (not isfinite over all) keep this two cheap calls per node on 100k-node models.
+    smallest, largest = float(values.min()), float(values.max())
+    if not (math.isfinite(smallest) and math.isfinite(largest)):
         return "scale is NaN or infinite"
-    smallest = float(values.min())
     if smallest <= 0:
         return f"scale {smallest:g} is not positive"
     return None
@@ -104,9 +105,10 @@ def _zero_point_problem(p: QParams) -> str | None:
     values = p.zero_point
     if values is None or p.zero_point_input is None or values.size == 0:
         return None  # no constant zero-point to check (an empty one goes with an empty scale: QDQ001)
-    if qtype.is_float and np.any(values != 0):
+    smallest, largest = float(values.min()), float(values.max())
+    if qtype.is_float and (smallest != 0 or largest != 0):
         return f"{qtype.name} zero-point must be 0"
-    if not qtype.is_float and (values.min() < qtype.qmin or values.max() > qtype.qmax):
+    if not qtype.is_float and (smallest < qtype.qmin or largest > qtype.qmax):
         return f"value outside the {qtype.name} range [{qtype.qmin:g}, {qtype.qmax:g}]"
     return None
 
