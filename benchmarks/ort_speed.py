@@ -7,9 +7,6 @@ set) it builds, in one temporary folder:
 - `qat`: the FX QAT export (symmetric int8, Conv → Div → BN kept) as exported;
 - `qat_fixed`: `qat` after `qdq fix --target ort` (with measured ranges when a fix needs data);
 - `qat_exact`: `qat` after `qdq fix --target ort --exact-only`;
-- `qat_fixed_u8w`: `qat_fixed` with its Conv weights rewritten exactly from int8 to uint8
-  (zero-point + 128). No qdq rule does this yet: it is measured here because onnxruntime's u8×s8
-  kernels saturate on x86 CPUs without VNNI, and u8×u8 kernels do not;
 - `ptq`: onnxruntime's `quantize_static` of the float model (uint8 activations, QDQ).
 
 Then, in one process, it times all variants of a network interleaved round-robin (alternating the
@@ -37,7 +34,6 @@ from pathlib import Path
 import numpy as np
 import onnx
 import onnxruntime as ort
-from onnx import numpy_helper
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "examples"))
@@ -52,7 +48,7 @@ from qdq.ruleset import load_target  # noqa: E402
 from qdq.verify import compare_arrays  # noqa: E402
 
 NETWORKS = ["resnet", "yolo"]
-VARIANTS = ["float", "qat", "qat_fixed", "qat_exact", "qat_fixed_u8w", "ptq"]
+VARIANTS = ["float", "qat", "qat_fixed", "qat_exact", "ptq"]
 THREADS = [1, 2]
 FLOAT_CONVS = {"Conv", "FusedConv", "NhwcFusedConv", "NchwcConv"}
 # Fixes that need a scale the graph does not have; they are fixable only with measured ranges.
@@ -84,7 +80,6 @@ def build_variants(name: str, epochs: int, qat_steps: int, folder: Path) -> tupl
         save_model(fixed, paths[variant])
         report[variant] = {"changes_by_rule": result.by_rule(), "converged": result.converged,
                            "remaining": dict(Counter(f.code for f in result.result.findings))}
-    paths["qat_fixed_u8w"] = uint8_conv_weights(paths["qat_fixed"], folder / f"{name}_qat_fixed_u8w.onnx")
     return {v: paths[v] for v in VARIANTS}, {"data": data, "fix": report}
 
 
@@ -96,31 +91,6 @@ def measured_ranges(path: Path, rows: np.ndarray) -> dict[str, tuple[float, floa
             old_low, old_high = ranges.get(tensor, (low, high))
             ranges[tensor] = (min(old_low, low), max(old_high, high))
     return ranges
-
-
-def uint8_conv_weights(src: Path, dst: Path) -> Path:
-    """Copy of `src` with every int8 Conv weight stored as uint8 (value and zero-point + 128: exact).
-
-    onnxruntime then runs those Convs with u8×u8 kernels, which do not saturate on CPUs without VNNI.
-    """
-    model = onnx.load(str(src))
-    graph = model.graph
-    initializers = {i.name: i for i in graph.initializer}
-    producer = {out: node for node in graph.node for out in node.output}
-    shifted = set()
-    for node in graph.node:
-        dq = producer.get(node.input[1]) if node.op_type == "Conv" else None
-        if dq is None or dq.op_type != "DequantizeLinear":
-            continue
-        quantizer = producer.get(dq.input[0])  # W → Q → DQ (FX) or stored integers → DQ
-        for name in (dq.input[0], dq.input[2], *(quantizer.input[2:3] if quantizer is not None else [])):
-            tensor = initializers.get(name)
-            if name not in shifted and tensor is not None and tensor.data_type == onnx.TensorProto.INT8:
-                values = numpy_helper.to_array(tensor).astype(np.int16) + 128
-                tensor.CopyFrom(numpy_helper.from_array(values.astype(np.uint8), name))
-                shifted.add(name)
-    onnx.save(model, str(dst))
-    return dst
 
 
 # --------------------------------------------------------------------------- onnxruntime
@@ -275,8 +245,9 @@ def print_report(head: dict, results: list[dict]) -> None:
         print("done-when (qat_fixed): " + ", ".join(f"{k} {'yes' if v else 'NO'}" for k, v in checks.items()))
     print(f"\nload average at end {[round(v, 2) for v in os.getloadavg()]}")
     if not head["vnni"]:
-        print("\nNo VNNI: onnxruntime's u8×s8 kernels (vpmaddubsw) saturate pairs of products at int16, so the "
-              "fused models can lose accuracy with optimizations on ('top-1') that they keep with them off ('noopt').")
+        print("\nNo VNNI: onnxruntime's u8×s8 kernels (vpmaddubsw) saturate pairs of products at int16, so fused "
+              "models can lose accuracy with optimizations on ('top-1') that they keep with them off ('noopt'); "
+              "in qat_fixed, QDQ508 gives the Convs it finds at risk uint8 weights (u8×u8 kernels) to prevent it.")
 
 
 def main(argv: list[str] | None = None) -> list[dict]:

@@ -93,6 +93,25 @@ def set_params(
                    _sentence(reason, values), values)]
 
 
+def why_type_is_fixed(ctx: CheckContext, qt: QTensor) -> str | None:
+    """Why a value's integer type cannot change by editing only its own Q/DQ constants, if it cannot.
+
+    `set_params(..., elem_type=)` rewrites the value's Q, DQs and stored integers; anything else
+    that reads the integers would see them move.
+    """
+    if ctx.index.is_graph_output(qt.integer):
+        return "its integers are a graph output"
+    first = ctx.index.params(qt.nodes[0])
+    if not all(first.same_values(ctx.index.params(n)) for n in qt.nodes[1:]):
+        return "its Q and DQs disagree (QDQ101)"
+    for consumer, via in ctx.index.consumers_through(qt.integer):
+        if any(n.op == "Cast" for n in via):
+            return "a Cast sits between its integers and its DQ (QDQ203 removes it)"
+        if consumer not in qt.dequantizes:
+            return f"{consumer.name} ({consumer.op}) reads its integers"
+    return None
+
+
 def describe(scale: np.ndarray, zero_point: np.ndarray) -> str:
     """`2^-7` for a power-of-two scale, else the number; the zero-point only when it is not 0."""
     flat = np.asarray(scale, dtype=np.float64).ravel()

@@ -535,3 +535,147 @@ def test_float_output_without_a_q_is_fixed_from_calibration_data(tmp_path):
     tanh = next(n for n in model.graph.nodes if n.name == "tanh")
     quantize = tanh.inputs[0].inputs[0].inputs[0].inputs[0]
     assert quantize.op == "QuantizeLinear" and quantize.inputs[2].values.dtype == np.uint8
+
+
+# --- QDQ508 saturating-weight-type ------------------------------------------------------------------
+
+HEADROOM = ORT.rules["QDQ508"].params["headroom"]
+PAIR_LIMIT = ORT.rules["QDQ508"].params["pair_limit"]
+# The test conv's largest adjacent pair is 127 + 127: it overflows from this input zero-point on.
+FIRST_SATURATING_ZP = PAIR_LIMIT // 254 + 1 - HEADROOM
+
+
+def saturating_conv(zp=128, in_type=np.uint8, weight="stored", axis=None, shared=False, top=127) -> GraphBuilder:
+    """DQ(x, 0.01, zp) → Conv ← DQ(int8 weight, `top` but one -128 in the first channel) → Q → DQ → y.
+
+    `weight` "stored" keeps the integers `w_int` in the model, "float" quantizes `w_float` with
+    Q `w_q` as FX exports it; `axis` makes it per-channel (2 output channels). With `shared`, a
+    second Conv, whose input has zero-point 0, reads the same weight through its own DQ `w2_dq`.
+    """
+    b = GraphBuilder()
+    x = act(b, b.input("x", [1, 4, 2, 2]), "in", 0.01, zp, in_type)
+    scale = f32(0.01 if axis is None else [0.01, 0.02])
+    cout = scale.size
+    integers = np.full((cout, 4, 1, 1), top, np.int8)
+    integers[0, 0] = -128
+    attrs = {"axis": axis} if axis is not None else {}
+    params = [b.init("w_scale", scale), b.init("w_zp", np.zeros(scale.shape, np.int8))]
+    if weight == "float":
+        real = integers.astype(np.float32) * scale.reshape(-1, 1, 1, 1)
+        source = b.node("QuantizeLinear", [b.init("w_float", real), *params], ["w_int"], name="w_q", **attrs)
+    else:
+        source = b.init("w_int", integers)
+    conv = b.node("Conv", [x, b.node("DequantizeLinear", [source, *params], ["w_deq"], name="w_dq", **attrs)], ["c"])
+    b.output(act(b, conv, "out", 0.1, 0, np.uint8), [1, cout, 2, 2])
+    if shared:
+        x2 = act(b, b.input("x2", [1, 4, 2, 2]), "in2", 0.01, 0, np.uint8)
+        w2 = b.node("DequantizeLinear", [source, *params], ["w2_deq"], name="w2_dq", **attrs)
+        b.output(act(b, b.node("Conv", [x2, w2], ["c2"]), "out2", 0.1, 0, np.uint8), [1, cout, 2, 2])
+    return b
+
+
+def run_optimized(path: Path, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
+    options = ort.SessionOptions()
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    options.log_severity_level = 3
+    return ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"]).run(None, feeds)
+
+
+def saturation_not_shown() -> str | None:
+    """Why onnxruntime's u8×s8 kernels would not saturate on this CPU, or None where they do (x86 AVX2, no VNNI)."""
+    import platform
+
+    if platform.machine().lower() not in ("x86_64", "amd64"):
+        return f"{platform.machine()} is not x86: its u8×s8 kernels do not use pmaddubsw"
+    try:
+        flags = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return "no /proc/cpuinfo to read the CPU flags from"
+    if "vnni" in flags or "amx_int8" in flags:
+        return "the CPU has VNNI: onnxruntime sums u8×s8 products in 32 bits"
+    if "avx2" not in flags:
+        return "no AVX2: onnxruntime takes another u8×s8 kernel"
+    return None
+
+
+def test_qdq508_runs_last_in_the_ort_fix_order():
+    order = [rule.code for rule, _ in ORT.fix_sequence()]
+    assert order.index("QDQ508") > max(order.index("QDQ505"), order.index("QDQ507"), order.index("QDQ804"))
+    assert all_rules()["QDQ508"].fix_safety == FixSafety.EXACT
+
+
+@pytest.mark.parametrize(("zp", "in_type", "top", "expected"), [
+    (FIRST_SATURATING_ZP - 1, np.uint8, 127, False),  # 254 · (zp + headroom) ≤ 32767: left int8 (the fast kernel)
+    (FIRST_SATURATING_ZP, np.uint8, 127, True),       # one step more overflows
+    (0, np.uint8, 127, False),                        # after a Relu
+    (128, np.uint8, 100, False),                      # smaller weights: 200 · (128 + headroom) fits
+    (0, np.int8, 127, True),                          # a symmetric int8 input sits 128 above its minimum
+])
+def test_qdq508_when_a_weight_pair_can_overflow(tmp_path, zp, in_type, top, expected):
+    findings = found(load(saturating_conv(zp, in_type, top=top), tmp_path), "QDQ508")
+    assert bool(findings) == expected
+    if expected:
+        [finding] = findings
+        assert finding.node == "w_dq" and finding.values["pair"] == 254
+        assert finding.values["offset"] == zp - np.iinfo(in_type).min
+
+
+def test_qdq508_parameters(tmp_path):
+    model = load(saturating_conv(zp=128), tmp_path)
+    assert found(model, "QDQ508", with_params("QDQ508", tmp_path, "headroom = 0\npair_limit = 32512")) == []
+    assert len(found(model, "QDQ508", with_params("QDQ508", tmp_path, "headroom = 0\npair_limit = 32511"))) == 1
+    assert found(model, "QDQ508", with_params("QDQ508", tmp_path, 'ops = ["Gemm"]')) == []
+
+
+@pytest.mark.parametrize("axis", [None, 0])
+@pytest.mark.parametrize("weight", ["stored", "float"])
+def test_qdq508_stores_the_weight_as_uint8_bit_exact(tmp_path, weight, axis):
+    model = load(saturating_conv(weight=weight, axis=axis), tmp_path)
+    [finding] = found(model, "QDQ508")
+    assert finding.fix == FixSafety.EXACT
+    changes, path = fix_rule(model, "QDQ508", tmp_path)
+    assert len(changes) == 1
+    inits = initializers(path)
+    for node in ["w_dq"] + (["w_q"] if weight == "float" else []):
+        scale, zero_point = node_params(path, node)
+        assert zero_point.dtype == np.uint8 and np.all(zero_point == 128) and zero_point.shape == scale.shape
+    integers = next(n for n in onnx.load(str(path)).graph.node if n.name == "w_dq").input[0]
+    if weight == "float":  # the float weight stays; only the type its Q writes changes
+        assert integers == "w_int" and np.array_equal(inits["w_float"], initializers(tmp_path / "model.onnx")["w_float"])
+    else:
+        assert inits[integers].dtype == np.uint8 and inits[integers].min() == 0 and inits[integers].max() == 255
+    x = rand(1, 4, 2, 2, scale=0.8)
+    before, after = run_ort(tmp_path / "model.onnx", {"x": x}), run_ort(path, {"x": x})
+    assert all(np.array_equal(a, b) for a, b in zip(before, after))
+    assert found(load_model(path), "QDQ508") == []
+
+
+def test_qdq508_gives_shared_integers_a_new_constant(tmp_path):
+    model = load(saturating_conv(shared=True), tmp_path)
+    [finding] = found(model, "QDQ508")  # one value, reported once
+    original = model.graph.tensors()["w_int"]
+    stored = original.values.copy()
+    changes, path = fix_rule(model, "QDQ508", tmp_path)
+    assert original.values.dtype == np.int8 and np.array_equal(original.values, stored)  # never edited in place
+    graph = onnx.load(str(path)).graph
+    readers = {n.name: n.input[0] for n in graph.node if n.name in ("w_dq", "w2_dq")}
+    assert readers["w_dq"] == readers["w2_dq"] != "w_int"
+    assert np.array_equal(initializers(path)[readers["w_dq"]], stored.astype(np.int16) + 128)
+    feeds = {"x": rand(1, 4, 2, 2, scale=0.8), "x2": rand(1, 4, 2, 2, seed=1, scale=0.8)}
+    before, after = run_ort(tmp_path / "model.onnx", feeds), run_ort(path, feeds)
+    assert all(np.array_equal(a, b) for a, b in zip(before, after))
+
+
+def test_qdq508_fixed_conv_fuses_and_does_not_saturate(tmp_path):
+    model = load(saturating_conv(), tmp_path)
+    _, path = fix_rule(model, "QDQ508", tmp_path)
+    assert optimized_ops(path)["QLinearConv"] == 1
+    reason = saturation_not_shown()
+    if reason:
+        pytest.skip(reason)
+    # Inputs of 1.27 are integers 255: 255 · 127 twice overflows the 16-bit pair sums of u8×s8.
+    feeds = {"x": np.full((1, 4, 2, 2), 1.27, np.float32)}
+    (exact,) = run_ort(tmp_path / "model.onnx", feeds)
+    (saturated,), (fixed,) = run_optimized(tmp_path / "model.onnx", feeds), run_optimized(path, feeds)
+    assert np.allclose(exact, 3.2)  # 1.27 · 0.01 · (3 · 127 - 128) = 3.21 on the output's 0.1 grid
+    assert np.all(np.abs(saturated - exact) > 1.0) and np.array_equal(fixed, exact)

@@ -17,7 +17,7 @@ from qdq.dtypes import DEQUANTIZE_ONLY, type_name
 from qdq.errors import RuleSetError
 from qdq.operands import ACTIVATION, BIAS, WEIGHT, WEIGHT_INPUT, output_channel_axis, output_value, role, scale_of
 from qdq.quant_index import PER_AXIS, PER_TENSOR, QUANTIZE, QParams, QTensor, is_uniform, resolve_constant, source_values
-from qdq.requantize import describe, set_params
+from qdq.requantize import describe, set_params, why_type_is_fixed
 from qdq.rule import Change, CheckContext, Finding, FixSafety, Rule, Severity, register
 
 
@@ -308,17 +308,7 @@ def _why_not_retypable(ctx: CheckContext, qt: QTensor) -> str | None:
         return "its integers are stored in the model"
     if qt.quantize is None:
         return "its integers come from outside the Q/DQ nodes"
-    if ctx.index.is_graph_output(qt.integer):
-        return "its integers are a graph output"
-    first = ctx.index.params(qt.nodes[0])
-    if not all(first.same_values(ctx.index.params(n)) for n in qt.nodes[1:]):
-        return "its Q and DQs disagree (QDQ101)"
-    for consumer, via in ctx.index.consumers_through(qt.integer):
-        if any(n.op == "Cast" for n in via):
-            return "a Cast sits between its Q and DQ (QDQ203 removes it)"
-        if consumer not in qt.dequantizes:
-            return f"{consumer.name} ({consumer.op}) reads its integers"
-    return None
+    return why_type_is_fixed(ctx, qt)
 
 
 @register
