@@ -86,7 +86,11 @@ def entry_point() -> None:
     and the cycles it could free are the few nodes a fix replaces.
     """
     gc.disable()
-    sys.exit(main())
+    code = main()
+    # At exit Python would run one last full collection over the graph (1.1 s at 100k nodes);
+    # frozen objects are skipped, and the operating system frees the memory anyway.
+    gc.freeze()
+    sys.exit(code)
 
 
 if __name__ == "__main__":

@@ -60,6 +60,13 @@ def output_value(
 
 def role(index: QuantIndex, qt: QTensor) -> str:
     """Whether a value is a weight, a bias or an activation, from what reads it and where it comes from."""
+    key = ("role", id(qt))
+    if key not in index.memo:
+        index.memo[key] = (qt, _role(index, qt))  # holding qt keeps its id from being reused
+    return index.memo[key][1]
+
+
+def _role(index: QuantIndex, qt: QTensor) -> str:
     from_constant = qt.stored or (
         qt.quantize is not None and qt.quantize.inputs and resolve_constant(qt.quantize.inputs[0]) is not None
     )

@@ -105,7 +105,7 @@ class QParams:
     def qtype(self) -> QuantType | None:
         return quant_type(self.elem_type)
 
-    @property
+    @cached_property
     def dynamic(self) -> bool:
         """True when scale or zero-point is computed at run time instead of being a constant."""
         return self.scale_source is None or (self.zero_point_input is not None and self.zero_point_source is None)
@@ -243,6 +243,9 @@ class QuantIndex:
                 (self.quantizes if node.op == QUANTIZE else self.dequantizes).append(node)
                 self._params[id(node)] = self._read_params(node)
         self.graph_outputs = {id(t) for t in self.graph.outputs}
+        # Facts derived from the graph's structure (which the index outlives only while fixes
+        # swap constants): computed once per index by whoever needs them, e.g. operands.role.
+        self.memo: dict = {}
 
     @property
     def has_qdq(self) -> bool:
