@@ -21,7 +21,7 @@ from qdq.lint import LintResult, lint
 from qdq.model import Model, gc_paused
 from qdq.quant_index import QuantIndex
 from qdq.rewrite import Names
-from qdq.rule import Change, CheckContext, FixSafety
+from qdq.rule import Change, CheckContext, Finding, FixSafety
 from qdq.ruleset import RuleSet
 
 log = logging.getLogger("qdq")
@@ -88,24 +88,31 @@ def _fix(
     names = Names(model.graph)
     ceilings: dict[str, float] = {}
     changes: list[Change] = []
-    index: QuantIndex | None = None
     converged, rounds, last_round = False, 0, []
+    found: dict[str, list[Finding]] = {}
     while rounds < max_rounds:
         rounds += 1
-        last_round = []
+        last_round, found = [], {}
+        # A fresh index on a tidy graph each round, and checks with lint's context: a round that
+        # changes nothing has checked exactly what the final lint would, which then reuses it.
+        index: QuantIndex | None = None
+        untidy = False  # changes since the last tidy (fixes that only swap constants can orphan Constant nodes)
         for number, (rule, cfg) in enumerate(sequence, 1):
             progress.step(f"fixing, round {rounds}: {rule.code} {rule.name} ({number}/{len(sequence)})")
             index = index or QuantIndex(model)
             if not index.has_qdq:
                 break
-            ctx = CheckContext(model=model, index=index, params=cfg.params, severity=cfg.severity, names=names,
-                               ceilings=ceilings, ranges=ranges)
+            check_ctx = CheckContext(model=model, index=index, params=cfg.params, severity=cfg.severity, ranges=ranges)
+            fix_ctx = CheckContext(model=model, index=index, params=cfg.params, severity=cfg.severity, names=names,
+                                   ceilings=ceilings, ranges=ranges)
+            found[rule.code] = list(rule.check(check_ctx))
             made: list[Change] = []
-            for finding in list(rule.check(ctx)):
+            for finding in found[rule.code]:
                 if finding.fix is not None:
-                    made += rule.fix(ctx, finding)
+                    made += rule.fix(fix_ctx, finding)
             if made:
                 log.info("round %d: %s changed %d value(s)", rounds, rule.code, len(made))
+                untidy = not rule.edits_graph
                 if rule.edits_graph:
                     tidy(model.graph)
                     index = None
@@ -114,8 +121,8 @@ def _fix(
         if not last_round:
             converged = True
             break
-    if changes:
-        # Drop the constants and nodes the fixes left unused.
-        tidy(model.graph)
+        if untidy:
+            tidy(model.graph)  # drop the nodes the fixes left unused
     still = sorted({c.code for c in last_round}) if not converged else []
-    return FixResult(changes, rounds, converged, max_rounds, lint(model, ruleset, ranges), still, exact_only)
+    result = lint(model, ruleset, ranges, checked=found if converged else None)
+    return FixResult(changes, rounds, converged, max_rounds, result, still, exact_only)

@@ -63,10 +63,16 @@ class _Template(dict):
         return "{" + key + "}"
 
 
-def lint(model: Model, ruleset: RuleSet, ranges: dict[str, tuple[float, float]] | None = None) -> LintResult:
+def lint(
+    model: Model,
+    ruleset: RuleSet,
+    ranges: dict[str, tuple[float, float]] | None = None,
+    checked: dict[str, list[Finding]] | None = None,
+) -> LintResult:
     """Check a model against every enabled rule of the set; findings sorted by severity, then code.
 
     With measured `ranges` (calibration), findings whose fix needs data are reported as fixable.
+    `checked` holds findings of rules already run on this very graph (by code), which are not run again.
     """
     findings: list[Finding] = []
     rules_run: list[str] = []
@@ -82,7 +88,8 @@ def lint(model: Model, ruleset: RuleSet, ranges: dict[str, tuple[float, float]] 
             progress.step(f"checking {rule.code} {rule.name} ({number}/{len(enabled)})")
             rules_run.append(rule.code)
             ctx = CheckContext(model=model, index=index, params=cfg.params, severity=cfg.severity, ranges=ranges)
-            findings.extend(predict(finding, cfg) for finding in rule.check(ctx))
+            known = checked.get(rule.code) if checked else None
+            findings.extend(predict(finding, cfg) for finding in (rule.check(ctx) if known is None else known))
         # Stable sort: a rule's findings on one node stay in the order the rule reported them.
         findings.sort(key=lambda f: (-f.severity, f.code, f.node or ""))
     return LintResult(model.path, ruleset, findings, rules_run, notes)
