@@ -79,24 +79,31 @@ class Model:
             return np.asarray(lazy)
         proto = lazy.tensor
         dtype = _RAW_DTYPES.get(proto.data_type)
-        if dtype is not None and proto.data_location == TensorProto.EXTERNAL:
+        if dtype is None:
+            return numpy_helper.to_array(proto, base_dir=str(self.base_dir))
+        shape = tuple(proto.dims)
+        expected = math.prod(shape) * dtype.itemsize
+        if proto.data_location == TensorProto.EXTERNAL:
             # Mapped, not read: a rule that looks at one weight of a multi-GB model costs no memory.
             info = {entry.key: entry.value for entry in proto.external_data}
-            shape = tuple(proto.dims)
-            if math.prod(shape) == 0:
+            self._check_size(proto, int(info.get("length", expected)), expected)
+            if expected == 0:
                 return np.zeros(shape, dtype=dtype)
             return np.memmap(self.base_dir / info["location"], dtype=dtype, mode="r",
                              offset=int(info.get("offset", 0)), shape=shape)
-        if dtype is not None and proto.raw_data:
-            # The common case (a scale, a zero-point, an int8 weight) without numpy_helper's
-            # per-call overhead, which dominates on models with 100k Q/DQ parameters.
-            raw, shape = proto.raw_data, tuple(proto.dims)
-            if len(raw) != math.prod(shape) * dtype.itemsize:
-                # The ONNX checker refuses data shorter than the shape, not longer.
-                raise ModelLoadError(f"{self.path}: tensor {proto.name!r} holds {len(raw)} bytes, "
-                                     f"not the {math.prod(shape) * dtype.itemsize} its shape {list(shape)} needs")
-            return np.frombuffer(raw, dtype=dtype).reshape(shape).copy()
-        return numpy_helper.to_array(proto, base_dir=str(self.base_dir))
+        raw = proto.raw_data
+        if not raw:
+            return numpy_helper.to_array(proto, base_dir=str(self.base_dir))
+        # The common case (a scale, a zero-point, an int8 weight) without numpy_helper's per-call
+        # overhead, which dominates on models with 100k Q/DQ parameters.
+        self._check_size(proto, len(raw), expected)
+        return np.frombuffer(raw, dtype=dtype).reshape(shape).copy()
+
+    def _check_size(self, proto: TensorProto, size: int, expected: int) -> None:
+        """The ONNX checker refuses data shorter than the shape says, not longer (nor external lengths)."""
+        if size != expected:
+            raise ModelLoadError(f"{self.path}: tensor {proto.name!r} holds {size} bytes, "
+                                 f"not the {expected} its shape {list(proto.dims)} needs")
 
     def new_constant(self, name: str, values: np.ndarray) -> gs.Constant:
         """A constant holding values a fix computed (a re-quantized or folded weight).

@@ -524,3 +524,15 @@ for argv in {[
     assert proc.stdout.split() == ["2", "2", "2", "2"], proc
     assert "Traceback" not in proc.stderr and "unexpected" not in proc.stderr, proc.stderr
     assert len(proc.stderr.splitlines()) == 4, proc.stderr
+
+
+def test_external_length_shorter_than_its_shape(capsys, tmp_path):
+    """An external tensor whose declared length does not cover its shape: refused when a fix reads it."""
+    path = tmp_path / "m.onnx"
+    onnx.save(qdq_model().model(), str(path), save_as_external_data=True, location="m.data", size_threshold=0)
+    proto = onnx.load(str(path), load_external_data=False)
+    weight = next(t for t in proto.graph.initializer if t.name == "w_q")
+    length = next(e for e in weight.external_data if e.key == "length")
+    length.value = str(int(length.value) - 1)
+    onnx.save(proto, str(path))
+    refused(capsys, tmp_path, ["fix", path, "--target", "npu", "-o", tmp_path / "out.onnx"], "'w_q' holds")
