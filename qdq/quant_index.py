@@ -26,6 +26,7 @@ QDQ_DOMAINS = (None, "", "ai.onnx", "com.microsoft")
 # Ops that pass a tensor through unchanged when they do not change its type.
 PASS_THROUGH_OPS = ("Identity", "Cast")
 
+
 class cached_property:  # noqa: N801 - used like functools.cached_property
     """functools.cached_property without its per-access lock (Python 3.11), which cost seconds on 100k Q/DQs.
 

@@ -163,20 +163,21 @@ def _measure_float_constant(
     def real(rows: slice) -> np.ndarray:
         return weights[rows].astype(np.float64)
 
-    return _quantize(real, weights.shape, scale, zp, axis, quant_type(elem_type), np.float64)[1]
+    return _quantize(real, weights.shape, scale, zp, axis, quant_type(elem_type), None)[1]
 
 
 def _quantize(
     real: Callable[[slice], np.ndarray], shape: tuple[int, ...], scale: np.ndarray, zp: np.ndarray, axis: int,
-    qtype: QuantType, dtype: np.dtype,
-) -> tuple[np.ndarray, dict]:
+    qtype: QuantType, dtype: np.dtype | None,
+) -> tuple[np.ndarray | None, dict]:
     """QuantizeLinear's arithmetic (round half to even, then clip) and its cost on these values.
 
     `real(rows)` gives the float values of a block of rows (along the first axis). Blocks keep the
-    float64 temporaries of a multi-GB weight to a few hundred MB.
+    float64 temporaries of a multi-GB weight to a few hundred MB. The integers come back in
+    `dtype`; with None only the cost is measured and no integers are kept.
     """
     ndim = len(shape)
-    q = np.empty(shape, dtype=dtype)
+    q = np.empty(shape, dtype=dtype) if dtype is not None else None
     noise = signal = 0.0
     saturated = rounded_to_zero = 0
     for rows in _row_blocks(shape):
@@ -189,7 +190,8 @@ def _quantize(
         signal += float(np.sum(block**2))
         saturated += int(np.count_nonzero(clipped != unclipped))
         rounded_to_zero += int(np.count_nonzero((clipped == z) & (block != 0)))
-        q[rows] = clipped
+        if q is not None:
+            q[rows] = clipped
     values = {"elements": math.prod(shape), "saturated": saturated, "rounded_to_zero": rounded_to_zero}
     if signal > 0:
         values["sqnr_db"] = round(10 * math.log10(signal / noise), 2) if noise > 0 else math.inf
