@@ -19,3 +19,7 @@ class RuleSetError(QdqError):
 
 class OutputError(QdqError):
     """An output path cannot be written."""
+
+
+class InvalidOutputError(QdqError):
+    """qdq made a model the ONNX checker or onnxruntime refuses: a bug in qdq, and nothing is written."""

@@ -9,7 +9,7 @@ import stat
 import tempfile
 from contextlib import suppress
 from pathlib import Path
-from typing import Iterable
+from typing import Callable, Iterable
 
 from qdq.errors import OutputError
 
@@ -33,11 +33,13 @@ def check_writable(path: Path, inputs: Iterable[str | os.PathLike] = ()) -> None
             raise OutputError(f"{path}: output would overwrite the input {source}; choose another path")
 
 
-def atomic_write_bytes(path: Path, data: bytes) -> None:
+def atomic_write_bytes(path: Path, data: bytes, check: Callable[[Path], None] | None = None) -> None:
     """Write to a temporary file in the same folder, then rename: readers see old or new, never half.
 
     The new file gets the mode of the file it replaces, or the umask's default for a new file
-    (not mkstemp's 0600). An OSError becomes an OutputError; the temporary file never survives.
+    (not mkstemp's 0600). `check` is called with the complete temporary file before the rename;
+    if it raises, nothing is written. An OSError becomes an OutputError; the temporary file
+    never survives.
     """
     path = Path(path)
     check_writable(path)
@@ -52,6 +54,8 @@ def atomic_write_bytes(path: Path, data: bytes) -> None:
             handle.flush()
             os.fchmod(handle.fileno(), mode)
             os.fsync(handle.fileno())
+        if check is not None:
+            check(Path(tmp))
         os.replace(tmp, path)
     except BaseException as exc:
         with suppress(OSError):

@@ -8,9 +8,9 @@ one-line `ModelLoadError`. Saving is atomic and keeps external weights in extern
 from __future__ import annotations
 
 import gc
+import logging
 import math
 import os
-import shutil
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
 from functools import cached_property
@@ -24,16 +24,22 @@ from google.protobuf.message import DecodeError
 from onnx import TensorProto, numpy_helper
 
 from qdq import progress
-from qdq.errors import ModelLoadError, OutputError
+from qdq.errors import InvalidOutputError, ModelLoadError, OutputError
 from qdq.files import atomic_write_bytes, check_writable, same_file
 from qdq.graph_import import import_graph
+from qdq.normalize import normalize
 from qdq.spill import Spill
+
+log = logging.getLogger("qdq")
 
 # QuantizeLinear and DequantizeLinear exist from opset 10 on.
 MIN_OPSET = 10
 _LFS_POINTER_PREFIX = b"version https://git-lfs"
 # Tensors a fix creates that are larger than this go to external data when the model uses it.
 _EXTERNAL_THRESHOLD_BYTES = 1024
+# Where onnx's own writer aligns external tensors: tensors of 1 MiB and more start at 64 KiB boundaries.
+_ALIGN_THRESHOLD_BYTES, _ALIGNMENT = 1 << 20, 1 << 16
+_COPY_BLOCK_BYTES = 16 << 20
 # Element types whose raw_data is the little-endian numpy layout as it is.
 _RAW_DTYPES = {
     TensorProto.FLOAT: np.dtype("<f4"),
@@ -56,6 +62,8 @@ class Model:
     path: Path
     opset: int
     proto: onnx.ModelProto = field(repr=False)
+    # What qdq repaired or tolerated while reading the file (`qdq.normalize`), one line each.
+    notes: list[str] = field(default_factory=list)
     _spill: Spill | None = field(default=None, init=False, repr=False)
 
     @property
@@ -141,33 +149,43 @@ def load_model(path: str | os.PathLike) -> Model:
             f"{path}: opset {opset} is older than {MIN_OPSET}, the first with QuantizeLinear/DequantizeLinear"
         )
     _check_external_data(proto, path)
+    notes = normalize(proto)
     progress.step(f"checking {path.name} with the ONNX checker")
     try:
-        onnx.checker.check_model(str(path))
+        _check(proto, path, repaired=bool(notes))
     except Exception as exc:
-        raise ModelLoadError(f"{path}: invalid ONNX model: {_first_line(exc)}") from None
+        # The checker is stricter than the runtime users deploy on: what onnxruntime runs, qdq reads.
+        if _onnxruntime_refusal(path) is not None:
+            raise ModelLoadError(f"{path}: invalid ONNX model: {_first_line(exc)}") from None
+        notes.append(f"the ONNX checker refuses it ({_first_line(exc)}), but onnxruntime loads it")
+    for note in notes:
+        log.warning("%s: %s", path, note)
     progress.step(f"building the graph of {path.name} ({len(proto.graph.node)} nodes)")
     with gc_paused():
         try:
             graph = import_graph(proto)
         except Exception as exc:
             raise ModelLoadError(f"{path}: cannot import the graph: {_first_line(exc)}") from None
-    return Model(graph=graph, path=path, opset=opset, proto=proto)
+    return Model(graph=graph, path=path, opset=opset, proto=proto, notes=notes)
 
 
 def save_model(model: Model, out_path: str | os.PathLike, in_place: bool = False) -> None:
-    """Write the model atomically; external weights stay external and are never overwritten.
+    """Write the model atomically, checked; external weights stay external and are never overwritten.
 
-    Unchanged external tensors keep pointing at their data file. When the output goes to another
-    folder the data file is copied next to it (under a new name if that name is taken), so the
-    input's data is never touched. Large tensors that a fix created are written to a new data file.
-    The output may not be the input model (unless `in_place`) or one of its data files. If anything
-    fails, the files this call created are removed again and an existing output is left as it was.
+    Before the file is moved into place it must pass the full ONNX checker and load in
+    onnxruntime (`_check_output`), so qdq never writes a model it made invalid. In a model with
+    external data the output gets one data file of its own holding exactly the bytes its tensors
+    reference (unchanged weights copied from the input's files, weights a fix computed), so the
+    input's data is never touched and superseded weights are not carried along. The output may
+    not be the input model (unless `in_place`) or one of its data files. If anything fails, the
+    files this call created are removed again and an existing output is left as it was.
     """
     out_path = Path(out_path)
     protected = [f for f in model.input_files if not (in_place and same_file(Path(f), model.path))]
     check_writable(out_path, inputs=protected)
     progress.step(f"writing {out_path.name}")
+    _settle_element_types(model.graph)
+    _pack_low_bit_constants(model.graph)
     with gc_paused():
         proto = gs.export_onnx(model.graph)
     proto.ir_version = model.proto.ir_version
@@ -178,8 +196,8 @@ def save_model(model: Model, out_path: str | os.PathLike, in_place: bool = False
     created: list[Path] = []
     try:
         if any(_is_external(t) for t in tensors) or model.uses_external_data:
-            _place_external_data(tensors, model.base_dir, out_path, created)
-        atomic_write_bytes(out_path, proto.SerializeToString())
+            created.append(_write_data_file(tensors, model.base_dir, out_path))
+        atomic_write_bytes(out_path, proto.SerializeToString(), check=lambda tmp: _check_output(model, tmp, out_path))
     except BaseException as exc:
         for path in created:
             with suppress(OSError):
@@ -187,6 +205,99 @@ def save_model(model: Model, out_path: str | os.PathLike, in_place: bool = False
         if isinstance(exc, OSError):
             raise OutputError(f"{out_path}: cannot write: {exc.strerror or exc}") from None
         raise
+
+
+def _settle_element_types(graph: gs.Graph) -> None:
+    """Give each Q/DQ output the element type its parameters now imply.
+
+    A fix that moves a Q from uint8 to int8 changes its zero-point; the output tensor would keep
+    the old type in `value_info`, and onnxruntime refuses a model whose declared and actual
+    types differ. Tensors without a declared type are left without one.
+    """
+    for node in graph.nodes:
+        if node.op not in ("QuantizeLinear", "DequantizeLinear") or not node.outputs or len(node.inputs) < 2:
+            continue
+        out = node.outputs[0]
+        if out.dtype is None:
+            continue
+        if node.op == "DequantizeLinear":
+            out.dtype = node.inputs[1].dtype
+        elif len(node.inputs) > 2 and node.inputs[2].name:
+            out.dtype = node.inputs[2].dtype
+
+
+def _pack_low_bit_constants(graph: gs.Graph) -> None:
+    """Store computed int4/uint4/int2/float8/float4 values in ONNX's packed layout.
+
+    graphsurgeon writes a numpy array's bytes as they are, one byte per 4-bit value, which the
+    checker refuses ("Raw data size does not match"); onnx's own conversion packs them.
+    """
+    for tensor in graph.tensors().values():
+        if not isinstance(tensor, gs.Constant) or isinstance(tensor._values, gs.ir.tensor.LazyValues):
+            continue
+        values = tensor._values
+        if isinstance(values, np.ndarray) and values.dtype not in _RAW_DTYPES.values() and values.dtype.kind == "V":
+            tensor._values = gs.ir.tensor.LazyValues(numpy_helper.from_array(values, tensor.name))
+
+
+def _check_output(model: Model, written: Path, out_path: Path) -> None:
+    """Refuse to move a model into place that the full ONNX checker or onnxruntime refuses.
+
+    Such a model is qdq's fault, not the user's: the message says so. An input that fails the
+    same check itself (the checker is stricter than onnxruntime) only has to be no worse.
+    """
+    progress.step(f"checking {out_path.name} before writing it")
+    for name, refusal in (("the ONNX checker", _checker_refusal), ("onnxruntime", _onnxruntime_refusal)):
+        problem = refusal(written)
+        if problem is not None and refusal(model.path) is None:
+            raise InvalidOutputError(
+                f"{out_path}: not written: {name} refuses the fixed model ({problem}); this is a bug in qdq, please report it"
+            )
+
+
+def _checker_refusal(path: Path) -> str | None:
+    try:
+        onnx.checker.check_model(str(path), full_check=True)
+    except Exception as exc:
+        return _first_line(exc)
+    return None
+
+
+def _onnxruntime_refusal(path: Path) -> str | None:
+    """Why onnxruntime cannot create a session for the file (CPU, graph optimisations off), or None."""
+    import onnxruntime as ort
+
+    options = ort.SessionOptions()
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    options.log_severity_level = 4
+    try:
+        ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+    except Exception as exc:
+        return _first_line(exc)
+    return None
+
+
+def _check(proto: onnx.ModelProto, path: Path, repaired: bool) -> None:
+    """The ONNX checker on the file, or on the repaired model when `normalize` changed it.
+
+    The checker resolves external-data locations against the working folder when it is given a
+    model rather than a path, so the repaired model is checked from the model's own folder.
+    """
+    if not repaired:
+        onnx.checker.check_model(str(path))
+        return
+    with _working_folder(path.parent):
+        onnx.checker.check_model(proto)
+
+
+@contextmanager
+def _working_folder(folder: Path) -> Iterator[None]:
+    previous = os.getcwd()
+    os.chdir(folder)
+    try:
+        yield
+    finally:
+        os.chdir(previous)
 
 
 def default_opset(proto: onnx.ModelProto) -> int | None:
@@ -290,69 +401,38 @@ def _external_files(proto: onnx.ModelProto, base_dir: Path) -> list[Path]:
     return [base_dir / location for location in sorted(locations)]
 
 
-def _place_external_data(tensors: list[TensorProto], source_dir: Path, out_path: Path, created: list[Path]) -> None:
-    """Make every external reference valid relative to the output, and externalise new big tensors.
+def _write_data_file(tensors: list[TensorProto], source_dir: Path, out_path: Path) -> Path:
+    """Write the output's one data file: the bytes its external tensors reference, and new large tensors.
 
-    Files written here are appended to `created`, so the caller can remove them if saving fails.
+    Each external tensor's range is copied from wherever it lies (the input's data files, a fix's
+    scratch file with an absolute location) once, even when several tensors share it; tensors a
+    fix created inline that are larger than `_EXTERNAL_THRESHOLD_BYTES` move out too. Every
+    tensor is then pointed at the new file. Large tensors start at a 64 KiB boundary, as onnx
+    aligns them, so onnxruntime can map them. The file gets a name no existing file has.
     """
     out_dir = out_path.parent.resolve()
-    source_dir = source_dir.resolve()
-    copied: dict[str, str] = {}
-    new_data: list[TensorProto] = []
-    for tensor in tensors:
-        if _is_external(tensor):
-            info = {entry.key: entry for entry in tensor.external_data}
-            location = info["location"].value
-            if out_dir == source_dir and not os.path.isabs(location):  # absolute: a fix's scratch file
-                continue
-            if location not in copied:
-                # A fix's scratch file takes the output's name; the input's data files keep theirs.
-                name = f"{out_path.stem}.data" if os.path.isabs(location) else Path(location).name
-                copied[location] = _copy_data_file(source_dir / location, out_dir, name, out_path.stem)
-                created.append(out_dir / copied[location])
-            info["location"].value = copied[location]
-        elif tensor.ByteSize() > _EXTERNAL_THRESHOLD_BYTES:
-            new_data.append(tensor)
-    if new_data:
-        created.append(out_dir / _write_new_external_file(new_data, out_dir, out_path.stem))
-
-
-def _copy_data_file(source: Path, out_dir: Path, name: str, stem: str) -> str:
-    """Copy an external data file next to the output under a name that overwrites nothing.
-
-    A real copy, not a hard link: onnx appends to an existing data file when it re-saves a model,
-    and through a shared inode that would change the input's weights.
-    """
-    name = _free_name(out_dir, name, stem)
+    name = _free_name(out_dir, f"{out_path.stem}.data", out_path.stem)
     tmp = out_dir / f".{name}.tmp"
-    try:
-        shutil.copyfile(source, tmp)
-        with open(tmp, "rb+") as handle:
-            os.fsync(handle.fileno())
-        os.replace(tmp, out_dir / name)
-    except BaseException:
-        with suppress(OSError):
-            os.unlink(tmp)
-        raise
-    return name
-
-
-def _write_new_external_file(tensors: list[TensorProto], out_dir: Path, stem: str) -> str:
-    name = _free_name(out_dir, f"{stem}.data", stem)
-    tmp = out_dir / f".{name}.tmp"
-    offset = 0
+    copied: dict[tuple[str, int, int], int] = {}
     try:
         with open(tmp, "wb") as handle:
             for tensor in tensors:
-                payload = _raw_bytes(tensor)
-                handle.write(payload)
-                tensor.ClearField("raw_data")
-                del tensor.external_data[:]
-                for key, value in (("location", name), ("offset", str(offset)), ("length", str(len(payload)))):
-                    entry = tensor.external_data.add()
-                    entry.key, entry.value = key, value
-                tensor.data_location = TensorProto.EXTERNAL
-                offset += len(payload)
+                if _is_external(tensor):
+                    info = {entry.key: entry.value for entry in tensor.external_data}
+                    source = (source_dir / info["location"]).resolve()
+                    offset = int(info.get("offset", 0))
+                    length = int(info["length"]) if "length" in info else source.stat().st_size - offset
+                    key = (str(source), offset, length)
+                    if key not in copied:
+                        copied[key] = _aligned(handle, length)
+                        _copy_range(source, offset, length, handle)
+                    _point_at(tensor, name, copied[key], length)
+                elif tensor.ByteSize() > _EXTERNAL_THRESHOLD_BYTES:
+                    payload = _raw_bytes(tensor)
+                    start = _aligned(handle, len(payload))
+                    handle.write(payload)
+                    tensor.ClearField("raw_data")
+                    _point_at(tensor, name, start, len(payload))
             handle.flush()
             os.fsync(handle.fileno())
         os.replace(tmp, out_dir / name)
@@ -360,7 +440,36 @@ def _write_new_external_file(tensors: list[TensorProto], out_dir: Path, stem: st
         with suppress(OSError):
             os.unlink(tmp)
         raise
-    return name
+    return out_dir / name
+
+
+def _aligned(handle, length: int) -> int:
+    """Pad the file so a tensor of `length` bytes starts where onnx would put it; its offset."""
+    position = handle.tell()
+    if length >= _ALIGN_THRESHOLD_BYTES and position % _ALIGNMENT:
+        handle.write(b"\0" * (_ALIGNMENT - position % _ALIGNMENT))
+    return handle.tell()
+
+
+def _copy_range(source: Path, offset: int, length: int, handle) -> None:
+    """Copy `length` bytes from `source` at `offset`, a block at a time (weights may be gigabytes)."""
+    with open(source, "rb") as reader:
+        reader.seek(offset)
+        left = length
+        while left:
+            block = reader.read(min(left, _COPY_BLOCK_BYTES))
+            if not block:
+                raise OSError(f"{source} ends before the {length} bytes a tensor references")
+            handle.write(block)
+            left -= len(block)
+
+
+def _point_at(tensor: TensorProto, location: str, offset: int, length: int) -> None:
+    del tensor.external_data[:]
+    for key, value in (("location", location), ("offset", str(offset)), ("length", str(length))):
+        entry = tensor.external_data.add()
+        entry.key, entry.value = key, value
+    tensor.data_location = TensorProto.EXTERNAL
 
 
 def _raw_bytes(tensor: TensorProto) -> bytes:

@@ -166,20 +166,22 @@ def test_save_refuses_to_overwrite_the_input(tmp_path):
 # --- external data ------------------------------------------------------------------------------
 
 
-def test_save_to_same_folder_keeps_weights_external(tmp_path, feeds):
+def test_save_to_same_folder_gives_the_output_its_own_data_file(tmp_path, feeds):
+    """The output never depends on the input's data file, which holds weights a fix may supersede."""
     src = build(tmp_path)
     data_before = sha(tmp_path / "weights.data")
     out = tmp_path / "out.onnx"
     save_model(load_model(src), out)
-    assert external_locations(out) == {"w": "weights.data"}  # shares the input's data file
+    assert external_locations(out) == {"w": "out.data"}
     assert out.stat().st_size < 1024  # the 1152-byte weight is not inline
+    assert (tmp_path / "out.data").read_bytes() == (tmp_path / "weights.data").read_bytes()
     assert sha(tmp_path / "weights.data") == data_before
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["model.onnx", "out.onnx", "weights.data"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["model.onnx", "out.data", "out.onnx", "weights.data"]
     for a, b in zip(run_ort(src, feeds), run_ort(out, feeds)):
         np.testing.assert_array_equal(a, b)
 
 
-def test_save_to_another_folder_copies_the_data_file(tmp_path, feeds):
+def test_save_to_another_folder_copies_the_referenced_bytes(tmp_path, feeds):
     src = build(tmp_path / "src")
     data = tmp_path / "src" / "weights.data"
     data_before = sha(data)
@@ -187,27 +189,42 @@ def test_save_to_another_folder_copies_the_data_file(tmp_path, feeds):
     dest.mkdir()
     out = dest / "out.onnx"
     save_model(load_model(src), out)
-    assert external_locations(out) == {"w": "weights.data"}
-    copy = dest / "weights.data"
+    assert external_locations(out) == {"w": "out.data"}
+    copy = dest / "out.data"
     assert sha(copy) == data_before
     assert not os.path.samefile(copy, data), "a hard link would let a later in-place edit change the input"
     assert sha(data) == data_before
-    assert sorted(p.name for p in dest.iterdir()) == ["out.onnx", "weights.data"]
+    assert sorted(p.name for p in dest.iterdir()) == ["out.data", "out.onnx"]
     for a, b in zip(run_ort(src, feeds), run_ort(out, feeds)):
         np.testing.assert_array_equal(a, b)
 
 
-def test_copied_data_file_does_not_clobber_an_existing_one(tmp_path, feeds):
+def test_output_data_file_does_not_clobber_an_existing_one(tmp_path, feeds):
     src = build(tmp_path / "src")
     dest = tmp_path / "dest"
     dest.mkdir()
-    (dest / "weights.data").write_bytes(b"someone else's weights")
+    (dest / "out.data").write_bytes(b"someone else's weights")
     out = dest / "out.onnx"
     save_model(load_model(src), out)
-    assert (dest / "weights.data").read_bytes() == b"someone else's weights"
+    assert (dest / "out.data").read_bytes() == b"someone else's weights"
     new_name = external_locations(out)["w"]
-    assert new_name != "weights.data"
+    assert new_name != "out.data"
     assert sha(dest / new_name) == sha(tmp_path / "src" / "weights.data")
+    for a, b in zip(run_ort(src, feeds), run_ort(out, feeds)):
+        np.testing.assert_array_equal(a, b)
+
+
+def test_output_data_file_holds_only_referenced_bytes(tmp_path, feeds):
+    """A data file with bytes no tensor references (superseded weights) is not carried along."""
+    src = build(tmp_path)
+    referenced = (tmp_path / "weights.data").read_bytes()
+    proto = onnx.load(str(src), load_external_data=False)
+    with open(tmp_path / "weights.data", "ab") as handle:
+        handle.write(b"\x7f" * 4096)  # an old weight nothing points at any more
+    onnx.save(proto, str(src))
+    out = tmp_path / "out.onnx"
+    save_model(load_model(src), out)
+    assert (tmp_path / external_locations(out)["w"]).read_bytes() == referenced
     for a, b in zip(run_ort(src, feeds), run_ort(out, feeds)):
         np.testing.assert_array_equal(a, b)
 
@@ -222,7 +239,7 @@ def test_saved_model_stays_valid_after_a_fix(tmp_path, feeds):
     out = tmp_path / "fixed.onnx"
     save_model(model, out)
     onnx.checker.check_model(str(out), full_check=True)
-    assert external_locations(out) == {"w": "weights.data"}
+    assert external_locations(out) == {"w": "fixed.data"}
     assert [f for f in cli_json(out)["findings"] if f["code"] == "QDQ201"] == []
     for a, b in zip(run_ort(src, feeds), run_ort(out, feeds)):
         np.testing.assert_array_equal(a, b)
