@@ -90,7 +90,7 @@ def summarize(model: Model) -> dict[str, Any]:
         "quantized_tensors": _quantized_tensors(index),
         "scales": _scales(index),
     }
-    summary["notes"] = _notes(index, summary)
+    summary["notes"] = model.notes + _notes(index, summary)
     return summary
 
 

@@ -1,0 +1,171 @@
+"""Reading what onnxruntime runs and never writing what it refuses: the quirks real exports have.
+
+Each case is a small model with one quirk a real tool writes (named in its docstring); the
+corpus test (`test_conformance.py`) runs the same promises over the tools' own files.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import ml_dtypes
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+from conftest import run_ort
+from onnx import TensorProto, helper, numpy_helper
+
+import cli
+from qdq.errors import InvalidOutputError
+from qdq.model import load_model, save_model
+
+
+def conv_model(weight: onnx.TensorProto, weight_scale: np.ndarray, opset: int = 17, ir_version: int = 8,
+               zero_point_type: int = TensorProto.UINT8) -> onnx.ModelProto:
+    """x → Q/DQ (uint8) → Conv with a dequantized weight; `weight_scale` per output channel."""
+    zero = numpy_helper.from_array(np.array(128 if zero_point_type == TensorProto.UINT8 else 0,
+                                            helper.tensor_dtype_to_np_dtype(zero_point_type)), "x_zero_point")
+    nodes = [
+        helper.make_node("QuantizeLinear", ["x", "x_scale", "x_zero_point"], ["x_q"], name="x_quantize"),
+        helper.make_node("DequantizeLinear", ["x_q", "x_scale", "x_zero_point"], ["x_dq"], name="x_dequantize"),
+        helper.make_node("DequantizeLinear", ["w", "w_scale"], ["w_dq"], name="w_dequantize", axis=0),
+        helper.make_node("Conv", ["x_dq", "w_dq"], ["y"], name="conv"),
+    ]
+    channels = weight.dims[0]
+    graph = helper.make_graph(
+        nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 8, 8])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, channels, 6, 6])],
+        [numpy_helper.from_array(np.array(0.05, np.float32), "x_scale"), zero, weight,
+         numpy_helper.from_array(weight_scale.astype(np.float32), "w_scale")],
+    )
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)], ir_version=ir_version)
+
+
+def int8_weight() -> onnx.TensorProto:
+    values = np.random.default_rng(0).integers(-127, 128, (4, 3, 3, 3)).astype(np.int8)
+    return numpy_helper.from_array(values, "w")
+
+
+def save(model: onnx.ModelProto, path: Path) -> Path:
+    onnx.save(model, str(path))
+    return path
+
+
+def qdq_json(*argv) -> tuple[int, dict]:
+    import contextlib
+    import io
+
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        code = cli.main([str(a) for a in argv] + ["--format", "json"])
+    return code, json.loads(out.getvalue())
+
+
+FEEDS = {"x": np.random.default_rng(1).uniform(-6, 6, (1, 3, 8, 8)).astype(np.float32)}
+
+
+# --- reading --------------------------------------------------------------------------------------
+
+
+def test_unsorted_graph_is_sorted_with_a_note(tmp_path):
+    """AMD Quark 0.13 writes nodes out of topological order; onnxruntime runs such files."""
+    model = conv_model(int8_weight(), np.full(4, 0.01))
+    nodes = list(model.graph.node)
+    del model.graph.node[:]
+    model.graph.node.extend(reversed(nodes))
+    path = save(model, tmp_path / "unsorted.onnx")
+    with pytest.raises(onnx.checker.ValidationError):
+        onnx.checker.check_model(str(path))
+    run_ort(path, FEEDS)  # onnxruntime accepts it
+
+    loaded = load_model(path)
+    assert any("topological order" in note for note in loaded.notes)
+    code, report = qdq_json("lint", path, "--target", "ort")
+    assert code in (0, 1) and any("topological" in note for note in report["notes"])
+    out = tmp_path / "out.onnx"
+    assert cli.main(["fix", str(path), "--target", "trt", "-o", str(out)]) in (0, 1)
+    onnx.checker.check_model(str(out), full_check=True)
+
+
+def test_untyped_value_info_and_shapeless_output_are_tolerated(tmp_path):
+    model = conv_model(int8_weight(), np.full(4, 0.01))
+    model.graph.value_info.append(onnx.ValueInfoProto(name="x_dq"))
+    model.graph.output[0].type.tensor_type.ClearField("shape")
+    path = save(model, tmp_path / "loose.onnx")
+    run_ort(path, FEEDS)
+
+    loaded = load_model(path)
+    assert len(loaded.notes) == 2, loaded.notes
+    out = tmp_path / "out.onnx"
+    assert cli.main(["fix", str(path), "--target", "trt", "-o", str(out)]) in (0, 1)
+    onnx.checker.check_model(str(out), full_check=True)
+    assert onnx.load(str(out)).graph.output[0].type.tensor_type.shape.dim[1].dim_value == 4
+
+
+def test_a_real_cycle_is_still_refused(tmp_path):
+    model = conv_model(int8_weight(), np.full(4, 0.01))
+    model.graph.node[0].input[0] = "y"  # the Q reads the Conv's output: a cycle
+    model.graph.input[0].name = "unused"
+    path = save(model, tmp_path / "cycle.onnx")
+    before = path.read_bytes()
+    for command in (["lint", str(path)], ["fix", str(path), "--target", "trt", "-o", str(tmp_path / "o.onnx")]):
+        assert cli.main(command) == 2
+    assert not (tmp_path / "o.onnx").exists() and path.read_bytes() == before
+
+
+# --- writing --------------------------------------------------------------------------------------
+
+
+def test_changed_q_types_reach_value_info(tmp_path):
+    """QDQ505 moves uint8 activations to int8; a value_info that kept uint8 made onnxruntime refuse the file."""
+    model = conv_model(int8_weight(), np.full(4, 0.01))
+    model.graph.value_info.append(helper.make_tensor_value_info("x_q", TensorProto.UINT8, [1, 3, 8, 8]))
+    path = save(model, tmp_path / "u8.onnx")
+    out = tmp_path / "out.onnx"
+    assert cli.main(["fix", str(path), "--target", "trt", "--no-verify", "-o", str(out)]) in (0, 1)
+    declared = {v.name: v.type.tensor_type.elem_type for v in onnx.load(str(out)).graph.value_info}
+    assert declared["x_q"] == TensorProto.INT8
+    ort.InferenceSession(str(out), providers=["CPUExecutionProvider"])
+
+
+def test_a_model_the_checker_would_refuse_is_not_written(tmp_path, monkeypatch):
+    """An output qdq broke is qdq's bug: exit 2, one line, nothing written, not even with --no-verify."""
+    path = save(conv_model(int8_weight(), np.full(4, 0.01)), tmp_path / "m.onnx")
+    model = load_model(path)
+    model.graph.nodes[-1].op = "Conv2D"  # what a broken rewrite could leave behind
+    with pytest.raises(InvalidOutputError, match="not written: the ONNX checker refuses"):
+        save_model(model, tmp_path / "out.onnx")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["m.onnx"]
+
+
+@pytest.mark.parametrize("low_bit", ["int4", "uint4"])
+def test_low_bit_weights_a_fix_requantizes_are_packed(tmp_path, low_bit):
+    """`qdq fix --target npu` on int4 weights crashed with "Raw data size does not match"."""
+    dtype = ml_dtypes.int4 if low_bit == "int4" else ml_dtypes.uint4
+    lo, hi = (-8, 8) if low_bit == "int4" else (0, 16)
+    values = np.random.default_rng(0).integers(lo, hi, (4, 3, 3, 3)).astype(dtype)
+    weight = numpy_helper.from_array(values, "w")
+    scale = np.array([0.03, 0.011, 0.07, 0.0049])  # not powers of two: the NPU set re-quantizes them
+    path = save(conv_model(weight, scale, opset=21, ir_version=10, zero_point_type=TensorProto.INT8), tmp_path / "m.onnx")
+    run_ort(path, FEEDS)
+    out = tmp_path / "out.onnx"
+    assert cli.main(["fix", str(path), "--target", "npu", "--no-verify", "-o", str(out)]) in (0, 1)
+    onnx.checker.check_model(str(out), full_check=True)
+    run_ort(out, FEEDS)
+
+    fixed = onnx.load(str(out))
+    weights = {t.name: t for t in fixed.graph.initializer}
+    dq = next(n for n in fixed.graph.node if n.name == "w_dequantize")
+    stored, new_scale = weights[dq.input[0]], numpy_helper.to_array(weights[dq.input[1]]).astype(np.float64)
+    zero = numpy_helper.to_array(weights[dq.input[2]]).astype(np.float64) if len(dq.input) > 2 else 0.0
+    assert stored.data_type == weight.data_type and len(stored.raw_data) == 54  # 108 values, two per byte
+    assert np.all(np.log2(new_scale) == np.round(np.log2(new_scale)))
+    step = new_scale.reshape(-1, 1, 1, 1)  # per tensor or per output channel
+    zero = np.reshape(zero, (-1, 1, 1, 1))
+    before = values.astype(np.float64) * scale.reshape(-1, 1, 1, 1)
+    after = (numpy_helper.to_array(stored).astype(np.float64) - zero) * step
+    clipped = (before < (lo - zero) * step) | (before > (hi - 1 - zero) * step)  # outside the new grid
+    # Within one new step: QDQ502/503/504 each round once, and the intermediate grids are finer.
+    assert np.all((np.abs(after - before) <= step + 1e-9) | clipped)
