@@ -6,7 +6,8 @@ and an element-wise `atol + rtol*|a|` tolerance. This is not polygraphy's Compar
 need cosine and SQNR, which it does not report, and the metrics are a few lines of numpy.
 
 Every problem the user can fix (unreadable inputs file, mismatched outputs, a model onnxruntime
-cannot load or run) is a `QdqError` with a one-line message.
+cannot load or run) is a `QdqError` with a one-line message; a graph input the chosen inputs cannot
+feed is an `UnfeedableInput`, which `qdq fix` reports as a skipped verification.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto, numpy_helper
 
-from qdq.dtypes import type_name
+from qdq.dtypes import quant_type, type_name
 from qdq.errors import QdqError
 
 log = logging.getLogger("qdq")
@@ -36,11 +37,26 @@ _INT_TYPES = {
 _NUMPY_TYPES = {**_FLOAT_TYPES, **_INT_TYPES, TensorProto.BOOL: np.bool_}
 # A declared input shape larger than this is refused for random inputs rather than allocated.
 _MAX_RANDOM_INPUT_BYTES = 1 << 30
-# The output types of a QuantizeLinear whose float range make_inputs samples: (qmin, qmax).
-_Q_RANGES = {
-    TensorProto.INT8: (-128, 127), TensorProto.UINT8: (0, 255),
-    TensorProto.INT16: (-32768, 32767), TensorProto.UINT16: (0, 65535),
-}
+# The domains whose QuantizeLinear make_inputs reads an input's range from, and the scale types it reads.
+_Q_DOMAINS = ("", "ai.onnx", "com.microsoft")
+_SCALE_TYPES = {*_FLOAT_TYPES, TensorProto.BFLOAT16}
+
+
+class UnfeedableInput(QdqError):
+    """A graph input the chosen inputs cannot feed (its type, no shape, too large): `qdq fix` skips
+    its verification and says why; `qdq verify`, asked to compare, stops."""
+
+    def __init__(self, model: Path, reason: str):
+        super().__init__(f"{model}: {reason}")
+        self.reason = reason
+
+
+class _RunFailed(QdqError):
+    """onnxruntime created a session but could not run it on the feeds."""
+
+    def __init__(self, model: Path, detail: str):
+        super().__init__(f"{model}: onnxruntime failed to run the model: {detail}")
+        self.detail = detail
 
 
 @dataclass
@@ -116,40 +132,36 @@ def make_inputs(
 ) -> dict[str, np.ndarray]:
     """Random values for every graph input of the model, reproducible for a seed.
 
-    Dynamic dimensions become 1 unless `shapes` gives the input's shape. A float input that feeds a
-    QuantizeLinear directly is sampled uniformly over the float range that Q represents; other float
+    Dynamic dimensions become 1 unless `shapes` gives the input's shape. A float input that a
+    QuantizeLinear reads is sampled uniformly over the float range that Q represents; other float
     inputs are standard normal; integer inputs are zeros and bool inputs False. `range_from` is a
-    second model to take that Q range from when this model's input does not feed a Q (a float
-    reference compared with its quantized candidate).
+    second model to take that Q range from when this model's input has no Q (a float reference
+    compared with its quantized candidate). An input of another type, without a shape, or too
+    large raises `UnfeedableInput`.
     """
     model_path = Path(model_path)
     graph = _load_graph(model_path)
     inputs = _graph_inputs(graph)
     shapes = dict(shapes or {})
-    unknown = sorted(set(shapes) - {i.name for i in inputs})
-    if unknown:
-        names = ", ".join(i.name for i in inputs) or "none"
-        raise QdqError(f"{model_path}: no graph input named {', '.join(map(repr, unknown))} (inputs: {names})")
-    other = _load_graph(Path(range_from)) if range_from is not None else None
+    _check_shapes(inputs, shapes, model_path)
+    quantizers = [_Quantizers(graph, model_path.parent)]
+    if range_from is not None:
+        quantizers.append(_Quantizers(_load_graph(Path(range_from)), Path(range_from).parent))
     rng = np.random.default_rng(seed)
     feeds: dict[str, np.ndarray] = {}
     for value in inputs:
         elem_type = _elem_type(value, model_path)
         if elem_type not in _NUMPY_TYPES:
-            raise QdqError(
-                f"{model_path}: input {value.name!r} has element type {_type_label(elem_type)}, which verify cannot feed"
-            )
+            raise _cannot_feed(model_path, value.name, elem_type)
         dtype = _NUMPY_TYPES[elem_type]
         shape = _input_shape(value, shapes.get(value.name), model_path)
         if math.prod(shape) * np.dtype(dtype).itemsize > _MAX_RANDOM_INPUT_BYTES:
-            raise QdqError(
-                f"{model_path}: input {value.name!r} of shape {_shape_text(shape)} is too large for random inputs; "
+            raise UnfeedableInput(
+                model_path, f"input {value.name!r} of shape {_shape_text(shape)} is too large for random inputs; "
                 "give --inputs FILE.npz"
             )
         if elem_type in _FLOAT_TYPES:
-            bounds = _q_range(graph, value.name, shape, model_path)
-            if bounds is None and other is not None:
-                bounds = _q_range(other, value.name, shape, Path(range_from))
+            bounds = next((b for q in quantizers if (b := q.range_of(value.name, shape)) is not None), None)
             if bounds is not None:
                 low, high = bounds
                 log.debug("input %r: uniform over the Q range [%g, %g]", value.name, np.min(low), np.max(high))
@@ -160,6 +172,22 @@ def make_inputs(
         else:
             feeds[value.name] = np.zeros(shape, dtype=dtype)
     return feeds
+
+
+def check_input_shapes(model_path: Path, shapes: dict[str, tuple[int, ...]]) -> None:
+    """Refuse shapes given for inputs the model does not have, or that contradict its declared ones."""
+    if shapes:
+        _check_shapes(_graph_inputs(_load_graph(Path(model_path))), shapes, Path(model_path))
+
+
+def _check_shapes(inputs: list[onnx.ValueInfoProto], shapes: dict[str, tuple[int, ...]], path: Path) -> None:
+    unknown = sorted(set(shapes) - {i.name for i in inputs})
+    if unknown:
+        names = ", ".join(i.name for i in inputs) or "none"
+        raise QdqError(f"{path}: no graph input named {', '.join(map(repr, unknown))} (inputs: {names})")
+    for value in inputs:
+        if value.name in shapes:
+            _input_shape(value, shapes[value.name], path)
 
 
 def load_inputs(npz_path: Path, model_path: Path) -> dict[str, np.ndarray]:
@@ -177,14 +205,15 @@ def load_inputs(npz_path: Path, model_path: Path) -> dict[str, np.ndarray]:
     for value in inputs:
         array = arrays[value.name]
         elem_type = _elem_type(value, model_path)
-        want = _numpy_dtype(elem_type)
-        if want is None:
+        if elem_type == TensorProto.STRING:  # numpy holds strings as str_ or bytes_ arrays, both fed as they are
+            if array.dtype.kind not in "US":
+                raise QdqError(f"{npz_path}: input {value.name!r} is {array.dtype}, the model expects strings")
+        elif elem_type not in _NUMPY_TYPES:
+            raise _cannot_feed(model_path, value.name, elem_type)
+        elif array.dtype != _NUMPY_TYPES[elem_type]:
+            want = np.dtype(_NUMPY_TYPES[elem_type])
             raise QdqError(
-                f"{model_path}: input {value.name!r} has element type {_type_label(elem_type)}, which verify cannot feed"
-            )
-        if array.dtype != want:
-            raise QdqError(
-                f"{npz_path}: input {value.name!r} is {array.dtype}, the model expects {np.dtype(want)} (no casting is done)"
+                f"{npz_path}: input {value.name!r} is {array.dtype}, the model expects {want} (no casting is done)"
             )
         tensor_type = value.type.tensor_type
         if tensor_type.HasField("shape"):
@@ -250,7 +279,13 @@ def compare(
         if only_cand:
             parts.append(f"only in {candidate}: {', '.join(only_cand)}")
         raise QdqError(f"the models have different outputs ({'; '.join(parts)})")
-    ref_out = dict(zip(ref_names, _run(ref_session, reference, feeds)))
+    try:
+        ref_out = dict(zip(ref_names, _run(ref_session, reference, feeds)))
+    except _RunFailed as exc:
+        # The reference itself cannot run on these inputs (a declared -1 dimension, a shape check
+        # only made at run time): nothing qdq did is at fault, and there is nothing to compare with.
+        where = f" on {inputs_label}" if inputs_label else ""
+        raise UnfeedableInput(reference, f"onnxruntime cannot run the model{where} ({exc.detail}); give --inputs") from None
     cand_out = dict(zip(cand_names, _run(cand_session, candidate, feeds)))
     result = VerifyResult(
         reference=str(reference), candidate=str(candidate), inputs=inputs_label,
@@ -341,7 +376,7 @@ def _run(session, path: Path, feeds: dict[str, np.ndarray]) -> list:
     try:
         return session.run(None, {n: feeds[n] for n in needed})
     except Exception as exc:
-        raise QdqError(f"{path}: onnxruntime failed to run the model: {_first_line(exc)}") from None
+        raise _RunFailed(path, _first_line(exc)) from None
 
 
 def _as_array(value: object, name: str, path: Path) -> np.ndarray:
@@ -371,32 +406,31 @@ def _graph_inputs(graph: onnx.GraphProto) -> list[onnx.ValueInfoProto]:
 
 def _elem_type(value: onnx.ValueInfoProto, path: Path) -> int:
     if not value.type.HasField("tensor_type"):
-        kind = value.type.WhichOneof("value") or "unknown"
-        raise QdqError(f"{path}: input {value.name!r} is a {kind.replace('_type', '')}, not a tensor; verify feeds tensors only")
+        kind = (value.type.WhichOneof("value") or "unknown").replace("_type", "")
+        raise UnfeedableInput(path, f"input {value.name!r} is a {kind}, not a tensor; verification feeds tensors only")
     elem_type = value.type.tensor_type.elem_type
     if elem_type == TensorProto.UNDEFINED:
-        raise QdqError(f"{path}: input {value.name!r} has no element type")
+        raise UnfeedableInput(path, f"input {value.name!r} has no element type")
     return elem_type
 
 
-def _numpy_dtype(elem_type: int) -> np.dtype | None:
-    if elem_type in _NUMPY_TYPES:
-        return np.dtype(_NUMPY_TYPES[elem_type])
-    return None
-
-
-def _type_label(elem_type: int) -> str:
-    try:
-        return TensorProto.DataType.Name(elem_type).lower()
-    except ValueError:
-        return f"unknown ({elem_type})"
+def _cannot_feed(path: Path, name: str, elem_type: int) -> UnfeedableInput:
+    if elem_type == TensorProto.STRING:  # numpy holds strings: an .npz file can feed them
+        return UnfeedableInput(
+            path, f"input {name!r} is string, which random inputs cannot feed; give --inputs FILE.npz"
+        )
+    return UnfeedableInput(
+        path, f"input {name!r} is {type_name(elem_type)}, which neither random inputs nor an .npz file can feed"
+    )
 
 
 def _input_shape(value: onnx.ValueInfoProto, given: tuple[int, ...] | None, path: Path) -> tuple[int, ...]:
     tensor_type = value.type.tensor_type
     if not tensor_type.HasField("shape"):
         if given is None:
-            raise QdqError(f"{path}: input {value.name!r} has no declared shape; give its shape")
+            raise UnfeedableInput(
+                path, f"input {value.name!r} has no declared shape; give --input-shape {value.name}:DIMS or --inputs"
+            )
         return tuple(given)
     dims = list(tensor_type.shape.dim)
     if given is None:
@@ -415,48 +449,88 @@ def _input_shape(value: onnx.ValueInfoProto, given: tuple[int, ...] | None, path
     return given
 
 
-def _q_range(graph: onnx.GraphProto, name: str, shape: tuple[int, ...], path: Path):
-    """(low, high) of the float range the QuantizeLinear that first consumes `name` represents, or None.
+class _Quantizers:
+    """The float range each graph input's QuantizeLinear represents, in one model.
 
-    Only a Q with constant (initializer) scale and zero-point of an int8/uint8/int16/uint16 output
-    counts; per-axis parameters give per-channel bounds that broadcast over `shape`.
+    Any reader of the input may be that Q, in the ONNX or the com.microsoft domain. Its scale and
+    zero-point may be initializers or Constant nodes, behind Identity and Cast nodes (Vitis AI,
+    opset-12 and torch exports write them so). Only integer Q types count, per tensor or per axis;
+    a blocked Q (block_size) does not.
     """
-    consumer = next((n for n in graph.node if name in n.input), None)
-    if consumer is None or consumer.op_type != "QuantizeLinear" or consumer.domain not in ("", "ai.onnx", "com.microsoft"):
-        return None
-    if not consumer.input or consumer.input[0] != name or len(consumer.input) < 2:
-        return None
-    attrs = {a.name: onnx.helper.get_attribute_value(a) for a in consumer.attribute}
-    if attrs.get("block_size", 0):
-        return None
-    initializers = {t.name: t for t in graph.initializer}
-    scale_t = initializers.get(consumer.input[1])
-    zp_name = consumer.input[2] if len(consumer.input) > 2 else ""
-    zp_t = initializers.get(zp_name) if zp_name else None
-    if scale_t is None or (zp_name and zp_t is None):
-        return None
-    qtype = zp_t.data_type if zp_t is not None else (attrs.get("output_dtype") or TensorProto.UINT8)
-    if qtype not in _Q_RANGES:
-        log.debug("input %r feeds a Q to %s; sampling standard normal", name, type_name(qtype))
-        return None
-    base_dir = str(path.parent)
-    scale = numpy_helper.to_array(scale_t, base_dir=base_dir).astype(np.float64)
-    zp = numpy_helper.to_array(zp_t, base_dir=base_dir).astype(np.float64) if zp_t is not None else np.zeros_like(scale)
-    if zp.shape != scale.shape and zp.size != 1:
-        return None
-    if scale.size != 1:  # per-axis: a 1-D scale along `axis`
-        axis = attrs.get("axis", 1)
-        axis = axis + len(shape) if axis < 0 else axis
-        if scale.ndim != 1 or not 0 <= axis < len(shape) or shape[axis] != scale.size:
+
+    def __init__(self, graph: onnx.GraphProto, folder: Path):
+        self.folder = str(folder)
+        self.initializers = {t.name: t for t in graph.initializer}
+        self.producers = {out: node for node in graph.node for out in node.output if out}
+        self.readers: dict[str, list[onnx.NodeProto]] = {}
+        for node in graph.node:
+            if node.op_type == "QuantizeLinear" and node.domain in _Q_DOMAINS and len(node.input) >= 2:
+                self.readers.setdefault(node.input[0], []).append(node)
+
+    def range_of(self, name: str, shape: tuple[int, ...]) -> tuple[np.ndarray, np.ndarray] | None:
+        """(low, high) of the first Q of `name` whose range is known, broadcasting over `shape`; else None."""
+        return next((r for q in self.readers.get(name, []) if (r := self._range(q, name, shape)) is not None), None)
+
+    def _range(self, q: onnx.NodeProto, name: str, shape: tuple[int, ...]):
+        attrs = {a.name: onnx.helper.get_attribute_value(a) for a in q.attribute}
+        if attrs.get("block_size", 0):
             return None
-        broadcast = [1] * len(shape)
-        broadcast[axis] = scale.size
-        scale, zp = scale.reshape(broadcast), np.broadcast_to(zp.reshape(-1), scale.shape).reshape(broadcast)
-    else:
-        scale, zp = scale.reshape(()), zp.reshape(())
-    qmin, qmax = _Q_RANGES[qtype]
-    first, second = (qmin - zp) * scale, (qmax - zp) * scale
-    return np.minimum(first, second), np.maximum(first, second)
+        has_zp = len(q.input) > 2 and bool(q.input[2])
+        scale = self._constant(q.input[1])
+        zp = self._constant(q.input[2]) if has_zp else None
+        if scale is None or scale[1] not in _SCALE_TYPES or (has_zp and zp is None):
+            return None
+        qtype = quant_type(zp[1] if zp is not None else (attrs.get("output_dtype") or TensorProto.UINT8))
+        if qtype is None or qtype.is_float:
+            log.debug("input %r feeds a Q to a type without an integer range; sampling standard normal", name)
+            return None
+        scale = scale[0].astype(np.float64)
+        zp = zp[0].astype(np.float64) if zp is not None else np.zeros_like(scale)
+        if zp.shape != scale.shape and zp.size != 1:
+            return None
+        if scale.size != 1:  # per-axis: a 1-D scale along `axis`
+            axis = attrs.get("axis", 1)
+            axis = axis + len(shape) if axis < 0 else axis
+            if scale.ndim != 1 or not 0 <= axis < len(shape) or shape[axis] != scale.size:
+                return None
+            broadcast = [1] * len(shape)
+            broadcast[axis] = scale.size
+            scale, zp = scale.reshape(broadcast), np.broadcast_to(zp.reshape(-1), scale.shape).reshape(broadcast)
+        else:
+            scale, zp = scale.reshape(()), zp.reshape(())
+        first, second = (qtype.qmin - zp) * scale, (qtype.qmax - zp) * scale
+        return np.minimum(first, second), np.maximum(first, second)
+
+    def _constant(self, name: str) -> tuple[np.ndarray, int] | None:
+        """The value and element type of `name` if constants alone make it, through Identity and Cast."""
+        cast_to, seen = None, set()
+        while name not in self.initializers:
+            node = self.producers.get(name)
+            if node is None or name in seen or node.domain not in ("", "ai.onnx"):
+                return None
+            seen.add(name)
+            if node.op_type == "Constant":
+                found = _constant_node_value(node)
+                return (found[0], cast_to or found[1]) if found is not None else None
+            if node.op_type not in ("Identity", "Cast") or not node.input:
+                return None
+            if node.op_type == "Cast" and cast_to is None:  # the Cast nearest the Q decides the type
+                cast_to = next((a.i for a in node.attribute if a.name == "to"), None)
+            name = node.input[0]
+        tensor = self.initializers[name]
+        return numpy_helper.to_array(tensor, base_dir=self.folder), cast_to or tensor.data_type
+
+
+def _constant_node_value(node: onnx.NodeProto) -> tuple[np.ndarray, int] | None:
+    """The value and element type a Constant node holds in the model file (never in external data)."""
+    for attr in node.attribute:
+        if attr.name == "value" and attr.t.data_location != TensorProto.EXTERNAL:
+            return numpy_helper.to_array(attr.t), attr.t.data_type
+        if attr.name in ("value_float", "value_floats"):
+            return np.asarray(onnx.helper.get_attribute_value(attr), dtype=np.float32), TensorProto.FLOAT
+        if attr.name in ("value_int", "value_ints"):
+            return np.asarray(onnx.helper.get_attribute_value(attr), dtype=np.int64), TensorProto.INT64
+    return None
 
 
 # --- text report -------------------------------------------------------------------------------------

@@ -7,13 +7,14 @@ import math
 from pathlib import Path
 
 import numpy as np
+import onnx
 import pytest
 from builders import GraphBuilder
-from onnx import TensorProto
+from onnx import TensorProto, numpy_helper
 
 import cli
 from qdq.errors import QdqError
-from qdq.verify import compare, compare_arrays, load_inputs, make_inputs, render_text
+from qdq.verify import UnfeedableInput, compare, compare_arrays, load_inputs, make_inputs, render_text
 
 SHAPE = [2, 8]
 
@@ -241,6 +242,96 @@ def test_make_inputs_takes_the_q_range_from_the_quantized_candidate(tmp_path):
     assert x.min() >= -6.4 and x.max() <= 6.35 + 1e-6 and x.max() - x.min() > 10
 
 
+# The input quantizer of the issue: int8, step 2. Standard normal values would all round to 0 or ±2.
+STEP_LOW, STEP_HIGH = -256.0, 254.0
+
+
+def step2_model(path: Path, params, domain: str = "", another_reader: bool = False, **q_attrs) -> Path:
+    """x -> Q -> DQ -> y, the scale (2) and zero-point (int8 0) made by `params(builder)`; with
+    `another_reader`, a Relu reads x before the Q does."""
+    b = GraphBuilder(opset=21)
+    x = b.input("x", [4, 256])
+    if another_reader:
+        b.node("Relu", [x], ["r"], name="relu")
+        b.output("r", [4, 256])
+    scale, zero_point = params(b)
+    xq = b.node("QuantizeLinear", [x, scale, zero_point], name="q", domain=domain, **q_attrs)
+    b.node("DequantizeLinear", [xq, scale, zero_point], ["y"], name="dq", domain=domain)
+    b.output("y", [4, 256])
+    proto = b.model()
+    if domain:
+        proto.opset_import.append(onnx.helper.make_opsetid(domain, 1))
+    onnx.checker.check_model(proto)
+    onnx.save(proto, str(path))
+    return path
+
+
+def initializers(b):
+    return b.init("s", np.float32(2.0)), b.init("z", np.int8(0))
+
+
+def constant_tensors(b):  # Vitis AI / Ryzen AI exports
+    return (b.node("Constant", [], ["s"], value=numpy_helper.from_array(np.float32(2.0))),
+            b.node("Constant", [], ["z"], value=numpy_helper.from_array(np.int8(0))))
+
+
+def constant_scalars_and_cast(b):  # value_float; an int64 value_int cast to the int8 zero-point
+    zero = b.node("Constant", [], ["z64"], value_int=0)
+    return b.node("Constant", [], ["s"], value_float=2.0), b.node("Cast", [zero], ["z"], to=TensorProto.INT8)
+
+
+def identity_chains(b):  # torch exports read qparams through Identity
+    scale = b.node("Identity", [b.node("Identity", [b.init("s0", np.float32(2.0))])])
+    return scale, b.node("Identity", [b.init("z0", np.int8(0))])
+
+
+def float16_scale_cast(b):
+    return b.node("Cast", [b.init("s16", np.float16(2.0))], to=TensorProto.FLOAT), b.init("z", np.int8(0))
+
+
+@pytest.mark.parametrize("params, domain, another_reader", [
+    (constant_tensors, "", False),
+    (constant_scalars_and_cast, "", False),
+    (identity_chains, "", False),
+    (float16_scale_cast, "", False),
+    (initializers, "com.microsoft", False),
+    (initializers, "", True),  # the Q is not the first reader of x
+], ids=["Constant", "Constant value_float + Cast", "Identity", "Cast", "com.microsoft", "second reader"])
+def test_make_inputs_finds_the_q_range_wherever_the_scale_lives(tmp_path, params, domain, another_reader):
+    model = step2_model(tmp_path / "m.onnx", params, domain, another_reader)
+    x = make_inputs(model)["x"]
+    assert STEP_LOW <= x.min() < STEP_LOW + 5 and STEP_HIGH - 5 < x.max() <= STEP_HIGH, (x.min(), x.max())
+
+
+def test_make_inputs_per_axis_range_from_constants(tmp_path):
+    scales = np.array([0.5, 1.0, 2.0, 4.0], np.float32)
+
+    def per_axis(b):
+        zero = b.node("Constant", [], ["z"], value=numpy_helper.from_array(np.zeros(4, np.int8)))
+        return b.node("Constant", [], ["s"], value_floats=scales.tolist()), zero
+
+    x = make_inputs(step2_model(tmp_path / "m.onnx", per_axis, axis=0))["x"]
+    for row, scale in zip(x, scales):
+        assert -128 * scale <= row.min() < -120 * scale and 119 * scale < row.max() <= 127 * scale, (scale, row)
+
+
+def test_make_inputs_int4_range(tmp_path):
+    def int4(b):
+        b.initializers.append(onnx.helper.make_tensor("z", TensorProto.INT4, [], [0]))
+        return b.init("s", np.float32(2.0)), "z"
+
+    x = make_inputs(step2_model(tmp_path / "m.onnx", int4))["x"]
+    assert -16 <= x.min() < -15 and 13 < x.max() <= 14
+
+
+def test_make_inputs_blocked_q_falls_back_to_normal(tmp_path):
+    def blocked(b):
+        return b.init("s", np.full((4, 2), 2.0, np.float32)), b.init("z", np.zeros((4, 2), np.int8))
+
+    x = make_inputs(step2_model(tmp_path / "m.onnx", blocked, axis=1, block_size=128))["x"]
+    assert np.abs(x).max() < 10  # standard normal, not the +-256 of the blocks' range
+
+
 def test_make_inputs_is_reproducible(ref):
     assert np.array_equal(make_inputs(ref, seed=7)["x"], make_inputs(ref, seed=7)["x"])
     assert not np.array_equal(make_inputs(ref, seed=7)["x"], make_inputs(ref, seed=8)["x"])
@@ -274,13 +365,57 @@ def test_input_shape_option(capsys, tmp_path):
     assert code == 0 and json.loads(out)["outputs"][0]["shape"] == [3, 8]
 
 
-def test_unsupported_input_type(tmp_path):
+def test_string_input_needs_an_npz(capsys, tmp_path):
     b = GraphBuilder()
     b.input("s", [2], TensorProto.STRING)
-    b.node("Identity", ["s"], ["t"], name="out")
-    b.output("t", [2], TensorProto.STRING)
-    with pytest.raises(QdqError, match="'s' has element type string, which verify cannot feed"):
-        make_inputs(b.save(tmp_path / "s.onnx"))
+    b.node("Shape", ["s"], ["n"], name="shape")
+    b.output("n", [1], TensorProto.INT64)
+    model = b.save(tmp_path / "s.onnx")
+    with pytest.raises(UnfeedableInput, match="'s' is string, which random inputs cannot feed; give --inputs"):
+        make_inputs(model)
+    assert_usage_error(capsys, model, model, expect="'s' is string, which random inputs cannot feed")
+    npz = tmp_path / "s.npz"
+    np.savez(npz, s=np.array(["a", "bc"]))
+    assert compare(model, model, load_inputs(npz, model)).identical
+    np.savez(npz, s=np.zeros(2, np.float32))
+    assert_usage_error(capsys, model, model, "--inputs", npz, expect="'s' is float32, the model expects strings")
+
+
+def low_precision_input(path: Path, elem_type: int, params_shape: tuple[int, ...] = ()) -> Path:
+    """x (int4 or float8, say) -> DequantizeLinear -> y: a graph input no numpy dtype holds."""
+    b = GraphBuilder(opset=21)
+    x = b.input("x", [4], elem_type)
+    b.initializers.append(onnx.helper.make_tensor("zp", elem_type, params_shape, [0]))
+    b.node("DequantizeLinear", [x, b.init("scale", np.full(params_shape, 0.5, np.float32)), "zp"], ["y"], name="dq")
+    b.output("y", [4])
+    return b.save(path)
+
+
+@pytest.mark.parametrize("elem_type, label", [(TensorProto.INT4, "int4"), (TensorProto.FLOAT8E4M3FN, "float8e4m3fn")])
+def test_low_precision_input_cannot_be_fed(capsys, tmp_path, elem_type, label):
+    model = low_precision_input(tmp_path / "m.onnx", elem_type)
+    reason = f"input 'x' is {label}, which neither random inputs nor an .npz file can feed"
+    with pytest.raises(UnfeedableInput, match=reason) as raised:
+        make_inputs(model)
+    assert raised.value.reason == reason
+    npz = tmp_path / "x.npz"
+    np.savez(npz, x=np.zeros(4, np.uint8))
+    with pytest.raises(UnfeedableInput, match=reason):
+        load_inputs(npz, model)
+    for argv in ([], ["--inputs", npz]):  # verify was asked to compare and cannot
+        code, _, err = verify(capsys, model, model, *argv)
+        assert code == 2 and len(err.splitlines()) == 1 and reason in err, (code, err)
+
+
+def test_input_without_a_shape_is_unfeedable_until_given_one(tmp_path):
+    b = GraphBuilder()
+    b.inputs.append(onnx.helper.make_tensor_value_info("x", TensorProto.FLOAT, None))
+    b.node("Identity", ["x"], ["y"], name="out")
+    b.output("y", None)
+    model = b.save(tmp_path / "m.onnx", check=False)  # the checker wants shapes; make_inputs may meet such a file
+    with pytest.raises(UnfeedableInput, match="'x' has no declared shape; give --input-shape x:DIMS"):
+        make_inputs(model)
+    assert make_inputs(model, shapes={"x": (2, 3)})["x"].shape == (2, 3)
 
 
 def test_npz_round_trip(capsys, ref, off, tmp_path):

@@ -6,12 +6,13 @@ import argparse
 import logging
 import sys
 from pathlib import Path
+from typing import Callable
 
 from qdq.errors import QdqError
 from qdq.files import atomic_write_text, check_writable
 from qdq.model import Model, load_model
 from qdq.rule import Severity
-from qdq.verify import load_inputs, make_inputs
+from qdq.verify import check_input_shapes, load_inputs, make_inputs
 from qdq.ruleset import ProjectConfig, RuleSet, builtin_targets, find_project_config, load_rules_file, load_target
 
 log = logging.getLogger("qdq")
@@ -127,14 +128,25 @@ def add_input_args(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def input_feeds(args: argparse.Namespace, model: Path, range_from: Path | None = None) -> tuple[dict, str]:
-    """The feeds chosen by `add_input_args`, and a label for the report."""
+def input_feeds(args: argparse.Namespace, reference: Path) -> Callable[[Path], tuple[dict, str]]:
+    """The inputs chosen by `add_input_args` to compare a candidate with `reference`: a function of the
+    candidate that gives the feeds and a label for the report.
+
+    An --inputs file and --input-shape are checked now, so a bad one stops a command before it writes
+    anything. Random values are drawn when the candidate is known: an input is sampled over the range
+    of the reference's quantizer, else the candidate's, so `qdq fix IN -o OUT` and `qdq verify IN OUT`
+    with the same seed feed the same arrays.
+    """
     if args.inputs is not None:
         if args.input_shape:
             raise UsageError("--input-shape applies to random inputs only; the shapes of --inputs come from the file")
-        return load_inputs(args.inputs, model), str(args.inputs)
+        given = load_inputs(args.inputs, reference), str(args.inputs)
+        return lambda candidate: given
     shapes = parse_input_shapes(args.input_shape)
-    return make_inputs(model, seed=args.seed, shapes=shapes, range_from=range_from), f"random (seed {args.seed})"
+    check_input_shapes(reference, shapes)
+    return lambda candidate: (
+        make_inputs(reference, seed=args.seed, shapes=shapes, range_from=candidate), f"random (seed {args.seed})"
+    )
 
 
 def parse_input_shapes(specs: list[str]) -> dict[str, tuple[int, ...]]:

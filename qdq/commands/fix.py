@@ -6,6 +6,7 @@ import argparse
 import math
 import tempfile
 from pathlib import Path
+from typing import Callable
 
 from qdq import progress
 from qdq.commands.args import (
@@ -29,7 +30,7 @@ from qdq.model import Model, save_model
 from qdq.reports import fix as fix_report
 from qdq.reports.json import dumps
 from qdq.rule import FixSafety, all_rules
-from qdq.verify import VerifyResult, compare, load_inputs
+from qdq.verify import UnfeedableInput, VerifyResult, compare, load_inputs
 
 EXIT_CLEAN, EXIT_NOT_CLEAN = 0, 1
 # Approximate fixes change numerics; below this SQNR against the input model, fix fails loudly.
@@ -43,8 +44,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
         "fix",
         help="rewrite a model until it is lint-clean for a target",
         description="Apply the rule set's fixes in its order until nothing changes, write the result, report "
-        "every change and compare the outputs with the input model in onnxruntime. Exit 0: the output is "
-        "lint-clean and numerically within tolerance; 1: findings remain, the fixes did not settle, or the "
+        "every change and compare the outputs with the input model in onnxruntime; a model whose outputs moved "
+        "too far is not written. Exit 0: the output is lint-clean and numerically within tolerance (or its inputs "
+        "cannot be generated, which the report says); 1: findings remain, the fixes did not settle, or the "
         "numbers moved too far; 2: bad input or usage.",
     )
     parser.add_argument("model", type=Path, help="the ONNX model (never modified unless --in-place)")
@@ -54,6 +56,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     where.add_argument("-o", "--output", type=Path, metavar="OUT", help="write the fixed model here")
     where.add_argument("--in-place", action="store_true", help="overwrite the input model")
     where.add_argument("--dry-run", action="store_true", help="report what would change; write no model")
+    group.add_argument("--keep-failed", action="store_true",
+                       help="with -o: write the fixed model even when its outputs moved past tolerance (still exit 1)")
     group.add_argument("--report", type=Path, metavar="FILE.json", help="also write the full report as JSON")
     group.add_argument("--format", choices=("text", "json"), default="text", help="stdout report format (default: text)")
     group.add_argument("--fail-on", metavar="SEVERITY", help="lowest remaining severity that fails (default: warning)")
@@ -86,30 +90,34 @@ def run(args: argparse.Namespace) -> int:
     if args.report is not None:
         check_writable(args.report, inputs=reads + ([output] if output is not None else []))
     model = load_for_output(args.model, args.output, reads)
-    # Read (and check) the inputs before anything is written: a bad .npz writes nothing.
-    feeds = input_feeds(args, args.model) if args.verify else None
+    # Read (and check) an --inputs file before anything is written: a bad .npz writes nothing.
+    feeds, skipped = None, None
+    if args.verify:
+        try:
+            feeds = input_feeds(args, args.model)
+        except UnfeedableInput as exc:
+            skipped = exc.reason
     ranges = tensor_ranges(args.model, load_inputs(args.calibrate, args.model)) if args.calibrate else None
 
     log.info("fixing %s with rule set %r", args.model, ruleset.name)
     fixed = fix(model, ruleset, exact_only=args.exact_only, max_rounds=args.max_rounds, ranges=ranges)
     verification = None
-    # Verify a temporary copy first: an input onnxruntime cannot run ends in exit 2 with nothing written.
-    if feeds is not None and fixed.changes:
-        verification = _verify(model, args, feeds)
-    if args.output is not None:
-        save_model(model, args.output)
+    if not fixed.changes:
+        skipped = None  # nothing to verify
+    elif feeds is not None:
+        # Verify a temporary copy first: an input onnxruntime cannot run ends in exit 2 with nothing written.
+        verification, skipped = _verify(model, args, feeds)
     numbers_ok = verification is None or _acceptable(verification, fixed)
-    if args.in_place and fixed.changes and numbers_ok:
-        save_model(model, args.model, in_place=True)
+    written = _write(model, args, fixed, numbers_ok)
 
     clean = fixed.converged and not fixed.result.failing(fail_on)
     passed = clean and numbers_ok
-    verdict = _verdict(fixed, clean, numbers_ok, verification, fail_on, args.in_place)
-    report = fix_report.to_dict(args.model, output, fixed, verification, fail_on, passed)
+    verdict = _verdict(fixed, clean, numbers_ok, verification, skipped, written, fail_on, args)
+    report = fix_report.to_dict(args.model, output, fixed, verification, skipped, written, fail_on, passed)
     if args.report is not None:
         atomic_write_text(args.report, dumps(report) + "\n")
     text = dumps(report) if args.format == "json" else fix_report.render_text(
-        args.model, output, fixed, verification, fail_on, verdict
+        args.model, output, fixed, verification, skipped, fail_on, verdict
     )
     emit(None, text)
     return EXIT_CLEAN if passed else EXIT_NOT_CLEAN
@@ -118,6 +126,10 @@ def run(args: argparse.Namespace) -> int:
 def _check_options(args: argparse.Namespace) -> None:
     if args.output is None and not args.in_place and not args.dry_run:
         raise UsageError("say where the fixed model goes: -o OUT, --in-place or --dry-run")
+    if args.keep_failed and args.output is None:
+        raise UsageError(
+            "--keep-failed applies to -o OUT (--in-place never replaces the input with a model that failed)"
+        )
     if args.max_rounds < 1:
         raise UsageError(f"--max-rounds must be at least 1, not {args.max_rounds}")
     for option, value in (("--atol", args.atol), ("--rtol", args.rtol), ("--min-sqnr", args.min_sqnr)):
@@ -125,26 +137,27 @@ def _check_options(args: argparse.Namespace) -> None:
             raise UsageError(f"{option} must be a number >= 0, not {value:g}")
 
 
-def _verify(model: Model, args: argparse.Namespace, feeds: tuple[dict, str]) -> VerifyResult:
-    """Compare the fixed model, saved to a temporary folder, with the input.
+def _verify(
+    model: Model, args: argparse.Namespace, feeds: Callable[[Path], tuple[dict, str]]
+) -> tuple[VerifyResult | None, str | None]:
+    """Compare the fixed model, saved to a temporary folder, with the input; or say why it cannot be.
 
-    Runs before the output is written, and with --in-place the input is only replaced after this
-    comparison passes.
+    Runs before the output is written: a model that fails is not written (unless --keep-failed),
+    and with --in-place the input is only replaced after this comparison passes.
     """
     with tempfile.TemporaryDirectory(prefix="qdq-fix-") as folder:
         candidate = Path(folder) / args.model.name
         save_model(model, candidate)
-        result = _compare(args, candidate, feeds)
+        try:
+            values, label = feeds(candidate)
+            progress.step("comparing outputs with the input model in onnxruntime")
+            result = compare(args.model, candidate, values, atol=args.atol, rtol=args.rtol,
+                             min_sqnr=args.min_sqnr, inputs_label=label)
+        except UnfeedableInput as exc:
+            return None, exc.reason
     if args.output is not None:
-        result.candidate = str(args.output)  # the file this comparison stands for, written next
-    return result
-
-
-def _compare(args: argparse.Namespace, candidate: Path, feeds: tuple[dict, str]) -> VerifyResult:
-    values, label = feeds
-    progress.step("comparing outputs with the input model in onnxruntime")
-    return compare(args.model, candidate, values, atol=args.atol, rtol=args.rtol,
-                   min_sqnr=args.min_sqnr, inputs_label=label)
+        result.candidate = str(args.output)  # the file this comparison stands for
+    return result, None
 
 
 def _acceptable(verification: VerifyResult, fixed: FixResult) -> bool:
@@ -155,8 +168,20 @@ def _acceptable(verification: VerifyResult, fixed: FixResult) -> bool:
     return verification.passed
 
 
+def _write(model: Model, args: argparse.Namespace, fixed: FixResult, numbers_ok: bool) -> bool:
+    """Write the fixed model where it goes, unless its numbers failed; whether it was written."""
+    if args.output is not None and (numbers_ok or args.keep_failed):
+        save_model(model, args.output)
+        return True
+    if args.in_place and fixed.changes and numbers_ok:
+        save_model(model, args.model, in_place=True)
+        return True
+    return False
+
+
 def _verdict(
-    fixed: FixResult, clean: bool, numbers_ok: bool, verification: VerifyResult | None, fail_on, in_place: bool
+    fixed: FixResult, clean: bool, numbers_ok: bool, verification: VerifyResult | None, skipped: str | None,
+    written: bool, fail_on, args: argparse.Namespace,
 ) -> str:
     parts = []
     if clean:
@@ -165,8 +190,19 @@ def _verdict(
         parts.append("the fixes did not settle")
     else:
         parts.append(f"{len(fixed.result.failing(fail_on))} finding(s) not fixed")
-    if verification is not None:
-        parts.append("outputs within tolerance" if numbers_ok else "outputs moved past tolerance")
-    if in_place and fixed.changes and not numbers_ok:
-        parts.append("the input was left unchanged")
+    if skipped is not None:
+        parts.append("outputs not verified")
+    elif verification is not None:
+        parts.append("outputs within tolerance" if numbers_ok else _failed(written, args))
     return "; ".join(parts)
+
+
+def _failed(written: bool, args: argparse.Namespace) -> str:
+    """What became of a fixed model whose outputs moved past tolerance."""
+    if args.in_place:
+        return "outputs moved past tolerance; the input was left unchanged"
+    if written:
+        return "outputs moved past tolerance; written although verification failed"
+    if args.output is not None:
+        return "not written: outputs moved past tolerance (use --keep-failed to write it anyway)"
+    return "outputs moved past tolerance"

@@ -44,7 +44,7 @@ def run(args: argparse.Namespace) -> int:
     files = [args.reference, args.candidate] + ([args.inputs] if args.inputs is not None else [])
     for model in (args.reference, args.candidate):
         load_for_output(model, args.output, files)
-    feeds, label = input_feeds(args, args.reference, range_from=args.candidate)
+    feeds, label = input_feeds(args, args.reference)(args.candidate)
     log.info("comparing %s with %s on %s", args.candidate, args.reference, label)
     result = compare(
         args.reference, args.candidate, feeds, atol=args.atol, rtol=args.rtol, min_sqnr=args.min_sqnr, inputs_label=label

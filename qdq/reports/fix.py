@@ -12,22 +12,27 @@ from qdq.verify import VerifyResult, render_text as render_verification
 
 
 def to_dict(
-    model: Path, output: Path | None, fixed: FixResult, verification: VerifyResult | None, fail_on: Severity, passed: bool
+    model: Path, output: Path | None, fixed: FixResult, verification: VerifyResult | None, skipped: str | None,
+    written: bool, fail_on: Severity, passed: bool,
 ) -> dict[str, Any]:
+    """`skipped` is why verification could not run (None if it ran or had nothing to compare);
+    `written` whether this run wrote the output file."""
     return {
         "model": str(model),
         "output": str(output) if output is not None else None,
+        "written": written,
         "rule_set": fixed.result.ruleset.name,
         "fail_on": str(fail_on),
         **fixed.to_dict(),
         "verification": verification.to_dict() if verification is not None else None,
+        "verification_skipped": skipped,
         "passed": passed,
     }
 
 
 def render_text(
-    model: Path, output: Path | None, fixed: FixResult, verification: VerifyResult | None, fail_on: Severity,
-    verdict: str,
+    model: Path, output: Path | None, fixed: FixResult, verification: VerifyResult | None, skipped: str | None,
+    fail_on: Severity, verdict: str,
 ) -> str:
     lines = [_change_line(c) for c in fixed.changes]
     if fixed.changes:
@@ -39,6 +44,8 @@ def render_text(
         )
     if verification is not None:
         lines.append(render_verification(verification).rstrip("\n"))
+    if skipped is not None:
+        lines.append(f"note: verification skipped: {skipped}")
     remaining = fixed.result.failing(fail_on)
     for finding in remaining:
         why = _why_not_fixed(finding, fixed)
