@@ -75,11 +75,21 @@ def calibrated_quantize(ctx: CheckContext, tensor: gs.Tensor, dtype: str) -> gs.
     out = gs.Variable(ctx.new_name(f"{tensor.name}_quantized"), dtype=np.dtype(dtype), shape=tensor.shape)
     quantize = gs.Node(QUANTIZE, ctx.new_name(f"{tensor.name}_QuantizeLinear"), inputs=[
         tensor,
-        gs.Constant(ctx.new_name(f"{tensor.name}_scale"), np.asarray(scale, dtype=np.float32)),
+        gs.Constant(ctx.new_name(f"{tensor.name}_scale"), np.asarray(scale, dtype=float_type(tensor))),
         gs.Constant(ctx.new_name(f"{tensor.name}_zero_point"), np.asarray(zero_point).astype(dtype)),
     ], outputs=[out])
     ctx.graph.nodes.append(quantize)
     return quantize
+
+
+def float_type(tensor: gs.Tensor) -> np.dtype:
+    """The float type of a tensor a new Q/DQ reads or replaces (its scale must have it); float32 if unknown."""
+    try:
+        # np.dtype(None) is float64; graphsurgeon gives the ONNX enum for types numpy lacks (bfloat16).
+        dtype = np.dtype(tensor.dtype) if tensor.dtype is not None else None
+    except TypeError:
+        dtype = None
+    return dtype if dtype in (np.float16, np.float32, np.float64) else np.dtype(np.float32)
 
 
 def range_params(low: float, high: float, dtype: str) -> tuple[float, int]:
@@ -98,11 +108,12 @@ def range_params(low: float, high: float, dtype: str) -> tuple[float, int]:
 def quantized_weight(ctx: CheckContext, consumer: gs.Node, slot: int, axis: int, code: str) -> Change:
     """Replace a float constant weight by int8 per-channel integers (symmetric, max-abs) and a DQ."""
     weight = consumer.inputs[slot]
+    scale_type = float_type(weight)  # the DQ gives the scale's type: a float16 model stays float16
     values = np.asarray(weight.values, dtype=np.float64)
     axis = axis % values.ndim
     others = tuple(i for i in range(values.ndim) if i != axis)
     amax = np.max(np.abs(values), axis=others) if others else np.abs(values)
-    scale = np.where(amax > 0, amax / 127.0, 1.0).astype(np.float32)
+    scale = np.where(amax > 0, amax / 127.0, 1.0).astype(scale_type)
     shape = [1] * values.ndim
     shape[axis] = scale.size
     q = np.clip(np.rint(values / scale.reshape(shape)), -127, 127)

@@ -8,10 +8,11 @@ one-line `ModelLoadError`. Saving is atomic and keeps external weights in extern
 from __future__ import annotations
 
 import gc
+import io
 import logging
 import math
 import os
-from contextlib import contextmanager, suppress
+from contextlib import contextmanager, redirect_stdout, suppress
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
@@ -158,7 +159,7 @@ def load_model(path: str | os.PathLike) -> Model:
         if _onnxruntime_refusal(path) is not None:
             raise ModelLoadError(f"{path}: invalid ONNX model: {_first_line(exc)}") from None
         notes.append(f"the ONNX checker refuses it ({_first_line(exc)}), but onnxruntime loads it")
-    for note in notes:
+    for note in notes:  # reports carry them too (lint and inspect notes, fix's report)
         log.warning("%s: %s", path, note)
     progress.step(f"building the graph of {path.name} ({len(proto.graph.node)} nodes)")
     with gc_paused():
@@ -221,9 +222,11 @@ def _settle_element_types(graph: gs.Graph) -> None:
         if out.dtype is None:
             continue
         if node.op == "DequantizeLinear":
-            out.dtype = node.inputs[1].dtype
-        elif len(node.inputs) > 2 and node.inputs[2].name:
-            out.dtype = node.inputs[2].dtype
+            implied = node.inputs[1].dtype
+        else:
+            implied = node.inputs[2].dtype if len(node.inputs) > 2 and node.inputs[2].name else None
+        if implied is not None:  # a parameter from a Constant node has no declared type
+            out.dtype = implied
 
 
 def _pack_low_bit_constants(graph: gs.Graph) -> None:
@@ -271,7 +274,9 @@ def _onnxruntime_refusal(path: Path) -> str | None:
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
     options.log_severity_level = 4
     try:
-        ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+        # onnxruntime's Python layer prints provider errors to stdout, where JSON reports go.
+        with redirect_stdout(io.StringIO()):
+            ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
     except Exception as exc:
         return _first_line(exc)
     return None
@@ -359,6 +364,10 @@ def _check_external_data(proto: onnx.ModelProto, path: Path) -> None:
         if target != base and base not in target.parents:
             raise ModelLoadError(
                 f"{path}: tensor {tensor.name!r} external data {location!r} points outside the model folder; refused"
+            )
+        if ".." in Path(location).parts:  # the ONNX checker refuses these even when they come back in
+            raise ModelLoadError(
+                f"{path}: tensor {tensor.name!r} external data location {location!r} has '..' segments; refused"
             )
         if not target.is_file():
             raise ModelLoadError(f"{path}: tensor {tensor.name!r} external data file {location!r} is missing")

@@ -54,6 +54,9 @@ def set_params(
     name = ctx.value_name(qt)
     if first.dynamic:
         raise ValueError(f"{qt.integer.name}: parameters are computed at run time")
+    if first.block_size:  # a rule offered a fix it cannot make: leave the value as it is, say so
+        log.warning("%s: blocked parameters (block_size %d) are not re-quantized; left unchanged", name, first.block_size)
+        return []
     old_scale, old_zp = first.scale, first.zero_point
     new_scale = np.asarray(scale, dtype=np.float64)
     new_zp = _new_zero_point(old_zp, new_scale, zero_point)

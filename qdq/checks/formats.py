@@ -198,7 +198,8 @@ class NonPow2Scale(Rule):
                 continue
             if pow2.all_pow2(params.scale):
                 continue
-            fixable = bool(np.all(np.isfinite(params.scale) & (params.scale > 0)))
+            # Blocked scales (int4 weight-only) are not re-quantized: left as they are.
+            fixable = not params.block_size and bool(np.all(np.isfinite(params.scale) & (params.scale > 0)))
             yield self.finding(ctx, qt.nodes[0], [ctx.value_name(qt)], subject=(qt, kind), fixable=fixable, role=kind,
                                tensor=ctx.value_name(qt), scale=describe(params.scale, np.zeros(1)))
 

@@ -108,7 +108,9 @@ def _weight_integers(ctx: CheckContext, weight: QTensor, params: QParams) -> np.
     """The int8 values the kernel multiplies: stored, or what the Q makes of a float constant."""
     if weight.stored:
         return source_values(ctx.model, resolve_constant(weight.integer)).astype(np.int64)
-    source = resolve_constant(weight.quantize.inputs[0]) if weight.quantize.inputs else None
+    if weight.quantize is None or not weight.quantize.inputs:  # integers computed in the graph
+        return None
+    source = resolve_constant(weight.quantize.inputs[0])
     if source is None:
         return None
     real = source_values(ctx.model, source).astype(np.float64)
