@@ -104,11 +104,12 @@ def test_untyped_value_info_and_shapeless_output_are_tolerated(tmp_path):
     assert onnx.load(str(out)).graph.output[0].type.tensor_type.shape.dim[1].dim_value == 4
 
 
-def test_a_real_cycle_is_still_refused(tmp_path):
+@pytest.mark.parametrize("broken", ["cycle", "undefined input"])
+def test_a_real_cycle_or_undefined_input_is_still_refused(tmp_path, broken):
     model = conv_model(int8_weight(), np.full(4, 0.01))
-    model.graph.node[0].input[0] = "y"  # the Q reads the Conv's output: a cycle
+    model.graph.node[0].input[0] = "y" if broken == "cycle" else "nobody_makes_this"
     model.graph.input[0].name = "unused"
-    path = save(model, tmp_path / "cycle.onnx")
+    path = save(model, tmp_path / "broken.onnx")
     before = path.read_bytes()
     for command in (["lint", str(path)], ["fix", str(path), "--target", "trt", "-o", str(tmp_path / "o.onnx")]):
         assert cli.main(command) == 2
