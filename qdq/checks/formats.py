@@ -274,7 +274,8 @@ class ActivationType(Rule):
     severity = Severity.WARNING
     fix_safety = FixSafety.EXACT
     edits_graph = False
-    parameters = {"activation_type": ""}
+    # `scale_types`: only values whose scale has one of these types (e.g. "float"); [] means any.
+    parameters = {"activation_type": "", "scale_types": []}
 
     def check(self, ctx: CheckContext) -> Iterable[Finding]:
         expected = ctx.params["activation_type"]
@@ -282,9 +283,12 @@ class ActivationType(Rule):
             raise RuleSetError(f"{self.code}.activation_type must be \"\", int8 or uint8, got {expected!r}")
         if not expected:
             return
+        scale_types = ctx.params["scale_types"]
         for qt, params, kind in _values(ctx):
             dtype = type_name(params.elem_type)
             if kind != ACTIVATION or dtype not in _EIGHT_BIT or dtype == expected:
+                continue
+            if scale_types and type_name(params.scale_source.elem_type) not in scale_types:
                 continue
             reason = _why_not_retypable(ctx, qt)
             yield self.finding(ctx, qt.nodes[0], [ctx.value_name(qt)], subject=qt, fixable=reason is None,
