@@ -58,3 +58,31 @@ def fix_roundtrip(path: Path, code: str, tmp_path: Path, feeds: dict[str, np.nda
     onnx.checker.check_model(str(out), full_check=True)
     after = run_ort(out, feeds)
     return changes, load_model(out), before, after
+
+
+# --- the conformance matrix (tests/test_conformance.py) ----------------------------------------------
+
+_CONFORMANCE: dict[str, dict[str, str]] = {}
+
+
+@pytest.fixture(scope="session")
+def conformance_matrix() -> dict[str, dict[str, str]]:
+    """model → target → outcome; a run that breaks an invariant stays "FAIL"."""
+    return _CONFORMANCE
+
+
+def pytest_terminal_summary(terminalreporter) -> None:
+    if not _CONFORMANCE:
+        return
+    targets = sorted({t for row in _CONFORMANCE.values() for t in row})
+    width = max(len(name) for name in _CONFORMANCE)
+    write = terminalreporter.write_line
+    write("")
+    write(f"conformance matrix ({len(_CONFORMANCE)} models)")
+    write(f"{'model':<{width}}  " + "  ".join(f"{t:<26}" for t in targets))
+    for name in sorted(_CONFORMANCE):
+        write(f"{name:<{width}}  " + "  ".join(f"{_CONFORMANCE[name].get(t, '-'):<26}" for t in targets))
+    cells = [v for row in _CONFORMANCE.values() for v in row.values()]
+    counts = {outcome: cells.count(outcome) for outcome in sorted(set(cells))}
+    held = len(cells) - counts.get("FAIL", 0)
+    write(f"invariants held in {held}/{len(cells)} runs; " + ", ".join(f"{k}: {v}" for k, v in counts.items()))

@@ -12,12 +12,10 @@ Models are built once per module; each `qdq fix` run is cached, so the file runs
 from __future__ import annotations
 
 import hashlib
-import io
 import json
 import shutil
 import sys
 import time
-from contextlib import redirect_stderr, redirect_stdout
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
@@ -36,7 +34,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "examples"))
 
 import cnn  # noqa: E402
 
-import cli  # noqa: E402
+from cli_run import Run, qdq  # noqa: E402
 from qdq.rule import FixSafety, all_rules  # noqa: E402
 
 # Relative L2 error of the logits over the 8 calibration inputs. Measured (x86-64, onnxruntime
@@ -51,26 +49,6 @@ MAX_FIXED_VS_FLOAT = 0.05
 
 def sha(path: Path) -> str:
     return hashlib.sha256(Path(path).read_bytes()).hexdigest()
-
-
-@dataclass
-class Run:
-    code: int
-    out: str
-    err: str
-    seconds: float
-
-    def json(self) -> dict:
-        return json.loads(self.out)
-
-
-def qdq(*argv: object) -> Run:
-    """`qdq argv` in this process, stdout and stderr captured (module fixtures cannot use capsys)."""
-    out, err = io.StringIO(), io.StringIO()
-    start = time.perf_counter()
-    with redirect_stdout(out), redirect_stderr(err):
-        code = cli.main([str(a) for a in argv])
-    return Run(code, out.getvalue(), err.getvalue(), time.perf_counter() - start)
 
 
 def lint(path: Path) -> tuple[int, dict]:

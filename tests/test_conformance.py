@@ -1,0 +1,251 @@
+"""Every model of the conformance corpus × every target: what qdq promises about models it did not make.
+
+The corpus (`tests/corpus/`, see its README) holds files written by onnxruntime's quantizer,
+PyTorch, NNCF, ModelOpt, Quark and public projects. For each file and target this runs the
+commands as a user would (`cli.main`) and checks, with onnx and onnxruntime directly rather than
+with qdq's own code:
+
+- a model onnxruntime creates a session for is accepted by lint, inspect and fix (exit 0 or 1);
+  any exit 2 is one `qdq: error:` line; no traceback or "unexpected" error anywhere;
+- a file fix writes passes the full ONNX checker (when the input does) and loads in onnxruntime;
+- a failed verification leaves nothing at `-o`;
+- the numbers fix reports are the ones onnxruntime gives on the same inputs: recomputed here from
+  the calibration samples, and equal to `qdq verify` on the same pair with the same seed;
+- fix on its own output changes nothing; the input files are unchanged; an output's external
+  data holds only the bytes its tensors reference.
+
+The matrix of results (one cell per model and target) is printed at the end of the run.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+
+from cli_run import Run, qdq
+
+ROOT = Path(__file__).resolve().parent.parent
+CORPUS = ROOT / "tests" / "corpus"
+TARGETS = ("npu", "trt", "ort")
+# Two float32 computations of the same SQNR agree to far better than this.
+NUMBER_TOLERANCE = dict(rtol=1e-4, atol=1e-6)
+
+
+@dataclass(frozen=True)
+class Entry:
+    path: Path
+    architecture: str
+    tool: str
+
+    @property
+    def name(self) -> str:
+        return str(self.path.relative_to(CORPUS))
+
+
+def corpus() -> list[Entry]:
+    entries = []
+    for manifest in sorted(CORPUS.glob("*/manifest.json")):
+        for item in json.loads(manifest.read_text()):
+            path = manifest.parent / item["file"]
+            if path.suffix == ".onnx":
+                entries.append(Entry(path, item.get("architecture", "other"), item.get("tool", "")))
+    return entries
+
+
+ENTRIES = corpus()
+
+
+def test_the_corpus_is_there():
+    """Guards the parametrisation below: an empty or unreadable corpus would test nothing."""
+    tools = {entry.path.relative_to(CORPUS).parts[0] for entry in ENTRIES}
+    assert {"float", "ort", "torch", "public"} <= tools, tools
+    assert len(ENTRIES) >= 40
+    for entry in ENTRIES:
+        assert entry.path.is_file(), entry.path
+        assert entry.path.stat().st_size <= 1 << 20, f"{entry.name} is over 1 MB"
+
+
+# --- independent facts about a file -----------------------------------------------------------------
+
+
+def session(path: Path, optimized: bool = False) -> ort.InferenceSession:
+    options = ort.SessionOptions()
+    if not optimized:
+        options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    options.log_severity_level = 4
+    return ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+
+
+def onnxruntime_loads(path: Path, optimized: bool = False) -> bool:
+    """Whether onnxruntime creates a session: as users run it (`optimized`), or as verification does."""
+    try:
+        session(path, optimized)
+    except Exception:
+        return False
+    return True
+
+
+def checker_passes(path: Path, full: bool) -> bool:
+    try:
+        onnx.checker.check_model(str(path), full_check=full)
+    except Exception:
+        return False
+    return True
+
+
+def data_files(path: Path) -> dict[Path, list[tuple[int, int]]]:
+    """The external data files a model references, with the (offset, length) ranges it uses."""
+    proto = onnx.load(str(path), load_external_data=False)
+    files: dict[Path, list[tuple[int, int]]] = {}
+    for tensor in _tensors(proto.graph):
+        if tensor.data_location == onnx.TensorProto.EXTERNAL:
+            info = {e.key: e.value for e in tensor.external_data}
+            target = path.parent / info["location"]
+            offset = int(info.get("offset", 0))
+            length = int(info.get("length", target.stat().st_size - offset))
+            files.setdefault(target, []).append((offset, length))
+    return files
+
+
+def _tensors(graph: onnx.GraphProto):
+    yield from graph.initializer
+    for node in graph.node:
+        for attr in node.attribute:
+            if attr.HasField("t"):
+                yield attr.t
+            if attr.HasField("g"):
+                yield from _tensors(attr.g)
+
+
+def digest(path: Path) -> str:
+    """The model and its data files, hashed: what `qdq` must never change."""
+    hasher = hashlib.sha256(path.read_bytes())
+    for data in sorted(data_files(path)):
+        hasher.update(data.read_bytes())
+    return hasher.hexdigest()
+
+
+def sample_feeds(path: Path, entry: Entry) -> dict[str, np.ndarray] | None:
+    """The first calibration sample of the model's architecture, if it fits the model's one float input."""
+    samples = CORPUS / "float" / f"{entry.architecture}.npz"
+    if not samples.exists():
+        return None
+    inputs = session(path).get_inputs()
+    if len(inputs) != 1 or inputs[0].type != "tensor(float)":
+        return None
+    with np.load(samples) as archive:
+        first = archive[archive.files[0]][:1]
+    shape = inputs[0].shape
+    if len(shape) != first.ndim or any(isinstance(d, int) and d != s for d, s in zip(shape, first.shape)):
+        return None
+    return {inputs[0].name: first}
+
+
+# --- running qdq as a user does ---------------------------------------------------------------------
+
+
+def assert_well_behaved(run: Run, accepted: bool, what: str) -> None:
+    """Exit codes as documented, one error line, never a traceback."""
+    assert "Traceback" not in run.err and "unexpected" not in run.err, f"{what}: {run.err}"
+    errors = [line for line in run.err.splitlines() if line.startswith("qdq: error:")]
+    if run.code == 2:
+        assert len(errors) == 1, f"{what}: exit 2 must say why in one line: {run.err!r}"
+        assert not accepted, f"{what} refused a model onnxruntime runs: {errors[0]}"
+    else:
+        assert run.code in (0, 1) and not errors, f"{what}: exit {run.code}: {run.err}"
+
+
+def assert_same_numbers(reported: list[dict], independent: list[dict]) -> None:
+    assert [o["name"] for o in reported] == [o["name"] for o in independent]
+    for mine, theirs in zip(reported, independent):
+        for key in ("max_abs_error", "sqnr_db"):
+            a, b = float(mine[key]), float(theirs[key])  # JSON writes infinities as strings
+            if np.isinf(a) or np.isinf(b):
+                assert a == b, (mine["name"], key, a, b)
+            else:
+                np.testing.assert_allclose(a, b, **NUMBER_TOLERANCE, err_msg=f"{mine['name']} {key}")
+
+
+def independent_numbers(reference: Path, candidate: Path, feeds: dict[str, np.ndarray]) -> list[dict]:
+    """Max abs error and SQNR of every output, from onnxruntime and numpy alone."""
+    ref_session, cand_session = session(reference), session(candidate)
+    names = [o.name for o in ref_session.get_outputs()]
+    rows = []
+    for name, a, b in zip(names, ref_session.run(None, feeds), cand_session.run(names, feeds)):
+        a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
+        noise = float(np.sum((a - b) ** 2))
+        signal = float(np.sum(a**2))
+        sqnr = np.inf if noise == 0 else (10 * np.log10(signal / noise) if signal > 0 else -np.inf)
+        rows.append({"name": name, "max_abs_error": float(np.max(np.abs(a - b))) if a.size else 0.0, "sqnr_db": sqnr})
+    return rows
+
+
+# --- the invariants ---------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("target", TARGETS)
+@pytest.mark.parametrize("entry", ENTRIES, ids=lambda e: e.name)
+def test_invariants(entry: Entry, target: str, tmp_path: Path, conformance_matrix) -> None:
+    cell = conformance_matrix.setdefault(entry.name, {})
+    cell[target] = "FAIL"
+    path = entry.path
+    before = digest(path)
+    accepted = onnxruntime_loads(path)
+
+    lint = qdq("lint", path, "--target", target, "--format", "json")
+    assert_well_behaved(lint, accepted, "lint")
+    if lint.code != 2:
+        lint.json()  # stdout holds the report and nothing else (no library warnings)
+    inspect = qdq("inspect", path, *(["--target", "trt"] if target == "trt" else []))
+    assert_well_behaved(inspect, accepted, "inspect")
+
+    out, report_path = tmp_path / "out.onnx", tmp_path / "report.json"
+    feeds = sample_feeds(path, entry) if accepted else None
+    inputs = []
+    if feeds is not None:
+        np.savez(tmp_path / "sample.npz", **feeds)
+        inputs = ["--inputs", tmp_path / "sample.npz"]
+    fix = qdq("fix", path, "--target", target, "-o", out, "--report", report_path, "--format", "json", *inputs)
+    assert_well_behaved(fix, accepted, "fix")
+    assert digest(path) == before, "the input changed"
+    if fix.code == 2:
+        assert not out.exists(), "exit 2 but a model was written"
+        cell[target] = "refused"
+        return
+    report = json.loads(report_path.read_text())
+    assert fix.json() == report, "stdout and --report disagree"
+    verification = report["verification"]
+    if verification is not None and not verification["passed"]:
+        assert not out.exists(), "verification failed but the model was written"
+        cell[target] = "not written (verification)"
+        return
+    assert out.exists(), "fix exited 0/1 without a failed verification but wrote nothing"
+
+    # What was written is valid, runs, and is what the report says.
+    assert checker_passes(out, full=True) or not checker_passes(path, full=True), "the full ONNX checker refuses the output"
+    assert onnxruntime_loads(out) or not accepted, "onnxruntime refuses the output"
+    assert onnxruntime_loads(out, optimized=True) or not onnxruntime_loads(path, optimized=True), \
+        "onnxruntime refuses the output with its graph optimisations on"
+    for data, ranges in data_files(out).items():
+        assert data.stat().st_size <= max(o + n for o, n in ranges), f"{data.name} holds bytes no tensor references"
+        assert data.stat().st_size - 65536 * len(ranges) <= sum(n for _, n in set(ranges)), f"{data.name} is padded past alignment"
+    if verification is not None:
+        if feeds is not None:
+            assert_same_numbers(verification["outputs"], independent_numbers(path, out, feeds))
+        else:
+            again = qdq("verify", path, out, "--format", "json")  # same seed (0), tolerances aside
+            assert again.code in (0, 1), again.err
+            assert_same_numbers(verification["outputs"], again.json()["outputs"])
+
+    # A second fix of the output has nothing left to change.
+    second = qdq("fix", out, "--target", target, "--dry-run", "--no-verify", "--format", "json")
+    assert_well_behaved(second, True, "fix of fix's output")
+    assert second.json()["changes"] == [], "fix is not idempotent on its own output"
+    cell[target] = "ok" if report["passed"] else "findings left"
