@@ -51,6 +51,10 @@ class UnfeedableInput(QdqError):
         self.reason = reason
 
 
+class CandidateFailed(QdqError):
+    """The reference ran but the candidate cannot be loaded, run or compared output by output."""
+
+
 class _RunFailed(QdqError):
     """onnxruntime created a session but could not run it on the feeds."""
 
@@ -267,7 +271,11 @@ def compare(
 ) -> VerifyResult:
     """Run both models on `feeds` and compare their outputs by name."""
     reference, candidate = Path(reference), Path(candidate)
-    ref_session, cand_session = _session(reference), _session(candidate)
+    ref_session = _session(reference)
+    try:
+        cand_session = _session(candidate)
+    except QdqError as exc:
+        raise CandidateFailed(str(exc)) from None
     ref_names = [o.name for o in ref_session.get_outputs()]
     cand_names = [o.name for o in cand_session.get_outputs()]
     if set(ref_names) != set(cand_names):
@@ -278,7 +286,7 @@ def compare(
             parts.append(f"only in {reference}: {', '.join(only_ref)}")
         if only_cand:
             parts.append(f"only in {candidate}: {', '.join(only_cand)}")
-        raise QdqError(f"the models have different outputs ({'; '.join(parts)})")
+        raise CandidateFailed(f"the models have different outputs ({'; '.join(parts)})")
     try:
         ref_out = dict(zip(ref_names, _run(ref_session, reference, feeds)))
     except _RunFailed as exc:
@@ -286,7 +294,10 @@ def compare(
         # only made at run time): nothing qdq did is at fault, and there is nothing to compare with.
         where = f" on {inputs_label}" if inputs_label else ""
         raise UnfeedableInput(reference, f"onnxruntime cannot run the model{where} ({exc.detail}); give --inputs") from None
-    cand_out = dict(zip(cand_names, _run(cand_session, candidate, feeds)))
+    try:
+        cand_out = dict(zip(cand_names, _run(cand_session, candidate, feeds)))
+    except _RunFailed as exc:
+        raise CandidateFailed(str(exc)) from None
     result = VerifyResult(
         reference=str(reference), candidate=str(candidate), inputs=inputs_label,
         atol=atol, rtol=rtol, min_sqnr=min_sqnr,
@@ -295,7 +306,7 @@ def compare(
         a = _as_array(ref_out[name], name, reference)
         b = _as_array(cand_out[name], name, candidate)
         if a.shape != b.shape:
-            raise QdqError(
+            raise CandidateFailed(
                 f"output {name!r} has shape {_shape_text(a.shape)} in {reference} but {_shape_text(b.shape)} in {candidate}"
             )
         result.outputs.append(compare_arrays(name, a, b, atol, rtol, min_sqnr))

@@ -146,3 +146,43 @@ def test_bad_input_shape_stops_fix_before_anything_is_written(capsys, tmp_path, 
                                 "--input-shape", shape, "--isolated")
         assert code == 2 and stdout == "" and len(err.splitlines()) == 1 and expect in err, (code, err)
         assert sorted(p.name for p in tmp_path.iterdir()) == ["m.onnx"]
+
+
+# --- verification runs on the very file that is written ----------------------------------------------
+
+
+def test_verification_checks_the_file_that_is_written(capsys, tmp_path, monkeypatch):
+    """The candidate compared is the complete temporary file next to OUT, renamed only afterwards."""
+    import qdq.commands.fix as fix_command
+
+    model = non_pow2_qdq(tmp_path / "m.onnx")
+    out = tmp_path / "fixed.onnx"
+    compared = []
+    real_compare = fix_command.compare
+
+    def spy(reference, candidate, *args, **kwargs):
+        compared.append((Path(candidate).parent, out.exists()))
+        return real_compare(reference, candidate, *args, **kwargs)
+
+    monkeypatch.setattr(fix_command, "compare", spy)
+    code, _, _ = qdq(capsys, "fix", model, "--target", "npu", "-o", out)
+    assert code == 0 and out.exists()
+    assert compared == [(tmp_path, False)]  # in OUT's folder, before OUT existed
+
+
+def test_a_fixed_model_onnxruntime_cannot_run_is_a_bug_not_bad_input(capsys, tmp_path, monkeypatch):
+    """When the input runs and the candidate does not, the one line names the output, not a temporary file."""
+    import qdq.commands.fix as fix_command
+    from qdq.verify import CandidateFailed
+
+    def broken(reference, candidate, *args, **kwargs):
+        raise CandidateFailed(f"{candidate}: onnxruntime failed to run the model: no kernel")
+
+    monkeypatch.setattr(fix_command, "compare", broken)
+    model = non_pow2_qdq(tmp_path / "m.onnx")
+    out = tmp_path / "fixed.onnx"
+    code, _, err = qdq(capsys, "fix", model, "--target", "npu", "-o", out)
+    assert code == 2 and len(err.splitlines()) == 1
+    assert f"{out}: not written: {out}: onnxruntime failed to run the model" in err and "bug in qdq" in err
+    assert ".tmp" not in err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["m.onnx"]

@@ -24,13 +24,14 @@ from qdq.commands.args import (
     resolve_ruleset,
 )
 from qdq.calibrate import tensor_ranges
+from qdq.errors import InvalidOutputError
 from qdq.files import atomic_write_text, check_writable
 from qdq.fix import DEFAULT_MAX_ROUNDS, FixResult, fix
 from qdq.model import Model, save_model
 from qdq.reports import fix as fix_report
 from qdq.reports.json import dumps
 from qdq.rule import FixSafety, all_rules
-from qdq.verify import UnfeedableInput, VerifyResult, compare, load_inputs
+from qdq.verify import CandidateFailed, UnfeedableInput, VerifyResult, compare, load_inputs
 
 EXIT_CLEAN, EXIT_NOT_CLEAN = 0, 1
 # Approximate fixes change numerics; below this SQNR against the input model, fix fails loudly.
@@ -101,14 +102,11 @@ def run(args: argparse.Namespace) -> int:
 
     log.info("fixing %s with rule set %r", args.model, ruleset.name)
     fixed = fix(model, ruleset, exact_only=args.exact_only, max_rounds=args.max_rounds, ranges=ranges)
-    verification = None
     if not fixed.changes:
         skipped = None  # nothing to verify
-    elif feeds is not None:
-        # Verify a temporary copy first: an input onnxruntime cannot run ends in exit 2 with nothing written.
-        verification, skipped = _verify(model, args, feeds)
+    verification, unfeedable, written = _save_verified(model, args, fixed, feeds)
+    skipped = skipped or unfeedable
     numbers_ok = verification is None or _acceptable(verification, fixed)
-    written = _write(model, args, fixed, numbers_ok)
 
     clean = fixed.converged and not fixed.result.failing(fail_on)
     passed = clean and numbers_ok
@@ -137,27 +135,56 @@ def _check_options(args: argparse.Namespace) -> None:
             raise UsageError(f"{option} must be a number >= 0, not {value:g}")
 
 
-def _verify(
-    model: Model, args: argparse.Namespace, feeds: Callable[[Path], tuple[dict, str]]
-) -> tuple[VerifyResult | None, str | None]:
-    """Compare the fixed model, saved to a temporary folder, with the input; or say why it cannot be.
+class _Rejected(Exception):
+    """The fixed model's outputs moved past tolerance: it is not moved into place."""
 
-    Runs before the output is written: a model that fails is not written (unless --keep-failed),
-    and with --in-place the input is only replaced after this comparison passes.
+
+def _save_verified(
+    model: Model, args: argparse.Namespace, fixed: FixResult, feeds: Callable[[Path], tuple[dict, str]] | None
+) -> tuple[VerifyResult | None, str | None, bool]:
+    """Write the fixed model where it goes, verified on the very file written: (verification, why skipped, written).
+
+    Verification runs on the complete temporary file before it is renamed into place, so its
+    onnxruntime session doubles as the check that onnxruntime loads what qdq writes, and a
+    model whose outputs moved too far is never moved into place (unless --keep-failed; never
+    over the input with --in-place). A dry run verifies a copy in a temporary folder.
     """
-    with tempfile.TemporaryDirectory(prefix="qdq-fix-") as folder:
-        candidate = Path(folder) / args.model.name
-        save_model(model, candidate)
+    target = args.model if args.in_place else args.output
+    found: dict = {"verification": None, "skipped": None}
+
+    def verify(candidate: Path) -> bool:
+        if feeds is None or not fixed.changes:
+            return False
         try:
             values, label = feeds(candidate)
             progress.step("comparing outputs with the input model in onnxruntime")
             result = compare(args.model, candidate, values, atol=args.atol, rtol=args.rtol,
                              min_sqnr=args.min_sqnr, inputs_label=label)
         except UnfeedableInput as exc:
-            return None, exc.reason
-    if args.output is not None:
-        result.candidate = str(args.output)  # the file this comparison stands for
-    return result, None
+            found["skipped"] = exc.reason
+            return False
+        except CandidateFailed as exc:  # the input ran: the fixed model is at fault
+            where = str(target or args.model)
+            raise InvalidOutputError(f"{where}: not written: {str(exc).replace(str(candidate), where)}; "
+                                     "this is a bug in qdq, please report it") from None
+        if target is not None:
+            result.candidate = str(target)  # the file this comparison stands for
+        found["verification"] = result
+        if not _acceptable(result, fixed) and not args.keep_failed:
+            raise _Rejected
+        return True
+
+    written = False
+    try:
+        if args.output is not None or (args.in_place and fixed.changes):
+            save_model(model, target, in_place=args.in_place, check=verify)
+            written = True
+        elif feeds is not None and fixed.changes:
+            with tempfile.TemporaryDirectory(prefix="qdq-fix-") as folder:
+                save_model(model, Path(folder) / args.model.name, check=verify)
+    except _Rejected:
+        pass
+    return found["verification"], found["skipped"], written
 
 
 def _acceptable(verification: VerifyResult, fixed: FixResult) -> bool:
@@ -166,17 +193,6 @@ def _acceptable(verification: VerifyResult, fixed: FixResult) -> bool:
     if all(rules[c.code].fix_safety == FixSafety.EXACT for c in fixed.changes):
         return verification.identical
     return verification.passed
-
-
-def _write(model: Model, args: argparse.Namespace, fixed: FixResult, numbers_ok: bool) -> bool:
-    """Write the fixed model where it goes, unless its numbers failed; whether it was written."""
-    if args.output is not None and (numbers_ok or args.keep_failed):
-        save_model(model, args.output)
-        return True
-    if args.in_place and fixed.changes and numbers_ok:
-        save_model(model, args.model, in_place=True)
-        return True
-    return False
 
 
 def _verdict(
