@@ -29,6 +29,7 @@ from qdq.errors import InvalidOutputError, ModelLoadError, OutputError
 from qdq.files import atomic_write_bytes, check_writable, same_file
 from qdq.graph_import import import_graph
 from qdq.normalize import normalize
+from qdq.ops import DEQUANTIZE, QDQ_DOMAINS, QDQ_OPS
 from qdq.spill import Spill
 
 log = logging.getLogger("qdq")
@@ -223,12 +224,12 @@ def _settle_element_types(graph: gs.Graph) -> None:
     types differ. Tensors without a declared type are left without one.
     """
     for node in graph.nodes:
-        if node.op not in ("QuantizeLinear", "DequantizeLinear") or not node.outputs or len(node.inputs) < 2:
+        if node.op not in QDQ_OPS or node.domain not in QDQ_DOMAINS or not node.outputs or len(node.inputs) < 2:
             continue
         out = node.outputs[0]
         if out.dtype is None:
             continue
-        if node.op == "DequantizeLinear":
+        if node.op == DEQUANTIZE:
             implied = node.inputs[1].dtype
         else:
             implied = node.inputs[2].dtype if len(node.inputs) > 2 and node.inputs[2].name else None

@@ -17,12 +17,7 @@ from onnx import TensorProto, helper
 
 from qdq.dtypes import QuantType, quant_type
 from qdq.model import Model
-
-QUANTIZE = "QuantizeLinear"
-DEQUANTIZE = "DequantizeLinear"
-QDQ_OPS = (QUANTIZE, DEQUANTIZE)
-# onnxruntime's contrib Q/DQ (com.microsoft) has the same semantics, for int16 and int4 before opset 21.
-QDQ_DOMAINS = (None, "", "ai.onnx", "com.microsoft")
+from qdq.ops import DEQUANTIZE, QDQ_DOMAINS, QDQ_OPS, QUANTIZE  # noqa: F401 - re-exported for the rules
 # Ops that pass a tensor through unchanged when they do not change its type.
 PASS_THROUGH_OPS = ("Identity", "Cast")
 

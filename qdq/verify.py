@@ -24,6 +24,7 @@ from onnx import TensorProto, numpy_helper
 
 from qdq.dtypes import quant_type, type_name
 from qdq.errors import QdqError
+from qdq.ops import QDQ_DOMAINS, QUANTIZE
 
 log = logging.getLogger("qdq")
 
@@ -37,8 +38,6 @@ _INT_TYPES = {
 _NUMPY_TYPES = {**_FLOAT_TYPES, **_INT_TYPES, TensorProto.BOOL: np.bool_}
 # A declared input shape larger than this is refused for random inputs rather than allocated.
 _MAX_RANDOM_INPUT_BYTES = 1 << 30
-# The domains whose QuantizeLinear make_inputs reads an input's range from, and the scale types it reads.
-_Q_DOMAINS = ("", "ai.onnx", "com.microsoft")
 _SCALE_TYPES = {*_FLOAT_TYPES, TensorProto.BFLOAT16}
 
 
@@ -475,7 +474,7 @@ class _Quantizers:
         self.producers = {out: node for node in graph.node for out in node.output if out}
         self.readers: dict[str, list[onnx.NodeProto]] = {}
         for node in graph.node:
-            if node.op_type == "QuantizeLinear" and node.domain in _Q_DOMAINS and len(node.input) >= 2:
+            if node.op_type == QUANTIZE and node.domain in QDQ_DOMAINS and len(node.input) >= 2:
                 self.readers.setdefault(node.input[0], []).append(node)
 
     def range_of(self, name: str, shape: tuple[int, ...]) -> tuple[np.ndarray, np.ndarray] | None:
