@@ -194,3 +194,53 @@ def test_bad_fail_on_is_a_usage_error(capsys):
     g = graph(MOBILENET, "mobilenet.qat")
     assert cli.main(["compare", str(g), str(g), "--fail-on", "slower=5"]) == 2
     assert "needs --profile-a and --profile-b" in capsys.readouterr().err
+
+
+TF_RESNET = TRT / "trex-v0.1.x" / "tensorflow" / "resnet" / "RTX-3090"
+
+
+@pytest.mark.parametrize("folder", [RESNET, TF_RESNET], ids=["pytorch-resnet18", "tf-resnet50"])
+def test_fp32_against_fp16_says_what_differs_without_rules(capsys, folder):
+    fp32, fp16 = folder / "fp32" / "resnet.onnx.engine.graph.json", folder / "fp16" / "resnet.onnx.engine.graph.json"
+    code, report, _ = compare(capsys, fp32, fp16, "--fail-on", "qdq-reformat,precision,fusion")
+    assert (code, report["failed"]) == (0, [])
+    assert report["totals"]["same_network"] and not report["totals"]["b"]["quantized"]
+    assert [d for d in report["differences"] if d["rule"]] == []
+    convs = [r["Name"] for r in raw(fp16) if r.get("ParameterType") == "Convolution"]
+    precision = {d["b"]: d for d in report["differences"] if d["kind"] == "precision"}
+    assert len(convs) in (21, 54) and set(convs) <= set(precision)
+    assert all(d["details"]["direction"] == "changed" and "changes float precision" in d["message"]
+               for d in precision.values())
+    # The FP32 -> FP16 copy at the input: a type reformat only in the FP16 engine.
+    assert any(d["kind"] == "only-in-b" and d["message"].startswith("type reformat only in B")
+               and "[FP32] -> [FP16]" in d["message"] for d in report["differences"])
+    assert any("has no Q/DQ or INT8 layer" in note for note in report["notes"])
+    assert cli.main(["compare", str(fp32), str(fp16)]) == 0
+    out = capsys.readouterr().out
+    assert "QDQ" not in out and "qdq fix" not in out and "with other data types and no INT8" in out
+
+
+def test_qat_against_fp16_blames_no_rule_on_the_float_engine(capsys):
+    """Reversed: B has no Q/DQ, so every conv falls back to float, and nothing in B's model can be fixed."""
+    code, report, _ = compare(capsys, RESNET / "qat" / "resnet-qat.onnx.engine.graph.json",
+                              RESNET / "fp16" / "resnet.onnx.engine.graph.json")
+    lost = [d for d in report["differences"] if d["kind"] == "precision" and d["details"]["direction"] == "lost-int8"]
+    assert code == 0 and len(lost) == 21 and [d for d in report["differences"] if d["rule"]] == []
+
+
+@pytest.mark.parametrize("a, b, paired, larger", [
+    (RESNET / "fp16" / "resnet.onnx.engine.graph.json", graph(MOBILENET, "mobilenet_v2_residuals.qat"), 0, 54),
+    (TF_RESNET / "qat" / "resnet-qat.onnx.engine.graph.json", RESNET / "qat" / "resnet-qat.onnx.engine.graph.json", 22, 60),
+], ids=["resnet18-fp16-vs-mobilenet-qat", "resnet50-qat-vs-resnet18-qat"])
+def test_different_networks_warn_and_suggest_nothing(capsys, a, b, paired, larger):
+    """ResNet-50 against ResNet-18 pairs 22 layers by kind and shape (it used to blame 24 rules)."""
+    code, report, _ = compare(capsys, a, b)
+    warning = (f"only {paired} of {larger} compute layers pair: these look like different networks; "
+               "the differences below are not evidence of a Q/DQ problem")
+    assert code == 0 and report["notes"][0] == warning and not report["totals"]["same_network"]
+    assert report["differences"] and [d for d in report["differences"] if d["rule"]] == []
+    assert cli.main(["compare", str(a), str(b), "--fail-on", "qdq-reformat"]) == 1
+    out = capsys.readouterr().out
+    assert out.index("note: " + warning) < out.index("Differences by network region")
+    assert "qdq fix" not in out and "Q/DQ placement rules" not in out
+    assert f"Failed --fail-on: different networks: only {paired} of {larger} compute layers pair" in out

@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
+
 import cli
 
 TRT = Path(__file__).parent / "fixtures" / "trt"
@@ -60,3 +62,28 @@ def test_malformed_file_exits_2(capsys, tmp_path):
     assert cli.main(["inspect-engine", str(bad), "-o", str(out)]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "not valid JSON" in err and not out.exists()
+
+
+FLOAT_ENGINES = [RESNET / "fp16" / "resnet.onnx.engine.graph.json", RESNET / "fp32" / "resnet.onnx.engine.graph.json",
+                 TRT / "trex-v0.1.x" / "tensorflow" / "resnet" / "RTX-3090" / "fp16" / "resnet.onnx.engine.graph.json",
+                 TRT / "trex-v0.1.x" / "tensorflow" / "resnet" / "RTX-3090" / "fp32" / "resnet.onnx.engine.graph.json"]
+
+
+@pytest.mark.parametrize("path", FLOAT_ENGINES, ids=lambda p: "-".join(p.parts[-4:-2]))
+def test_float_engines_are_clean(capsys, path):
+    """FP16/FP32 engines have reformats that change the type (TF fp16: FP32 -> FP16 after the input
+    transpose, FP16 -> FP32 before the Softmax) but no Q/DQ near them: nothing to blame, exit 0."""
+    raw = json.loads(path.read_text())["Layers"]
+    assert not [r for r in raw if "Int8" in json.dumps(r) or r.get("Origin") == "QDQ"]
+    code, report = inspect(capsys, path)
+    assert (code, report["hazards"], report["engine"]["quantized"]) == (0, [], False)
+    assert cli.main(["inspect-engine", str(path)]) == 0
+    assert "note: no Q/DQ or INT8 layer: a float engine" in capsys.readouterr().out
+
+
+def test_float_type_reformats_next_to_qdq_stay_hazards(capsys):
+    """In the QAT ResNet the MaxPool's FP32 -> FP16 output reformat feeds a Q: still QDQ802."""
+    _, report = inspect(capsys, RESNET / "qat" / "resnet-qat.onnx.engine.graph.json")
+    reformats = [h for h in report["hazards"] if h["kind"] == "type-reformat"]
+    assert [(h["layers"], h["rule"]) for h in reformats] == [
+        (["Reformatting CopyNode for Output Tensor 0 to MaxPool_12"], "QDQ802")]

@@ -1,7 +1,9 @@
 """`qdq compare A.json B.json`: what differs between a reference engine and a candidate, and why.
 
 A and B are `trtexec --exportLayerInfo` files (A: PTQ, FP16 or a good QAT engine; B: the QAT
-engine under study). Exit 0: no --fail-on condition met; 1: a condition met; 2: bad input or usage.
+engine under study). Exit 0: no --fail-on condition met; 1: a condition met, or --fail-on given and
+A and B look like different networks (a gate must not pass on a comparison that means nothing);
+2: bad input or usage. Differences alone never fail: FP16 against FP32 differs, and that is no finding.
 """
 
 from __future__ import annotations
@@ -35,8 +37,10 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
         help="compare two TensorRT engines' layer info (reference A, candidate B)",
         description="Align the layers of two engines of one network (trtexec --exportLayerInfo JSON), report "
         "Q/DQ and reformat layers only in B, precision changes, split fusions and time differences by network "
-        "region, and map each to the qdq trt rule that fixes it. Exit 0: no --fail-on condition met; 1: a "
-        "condition met; 2: bad input or usage.",
+        "region, and map each to the qdq trt rule that fixes it where a Q/DQ or INT8 layer is involved. When too "
+        "few layers pair (different networks) the differences are listed without rules. Exit 0: no --fail-on "
+        "condition met; 1: a condition met, or --fail-on given and A and B look like different networks; 2: bad "
+        "input or usage.",
     )
     parser.add_argument("a", type=Path, metavar="A.json", help="reference engine layer info (PTQ, FP16 or good QAT)")
     parser.add_argument("b", type=Path, metavar="B.json", help="candidate engine layer info (the QAT engine)")
@@ -108,7 +112,10 @@ def parse_fail_on(text: str | None) -> dict[str, float | None]:
 
 
 def check_fail_on(comparison: Comparison, conditions: dict[str, float | None]) -> list[str]:
-    """The conditions met, each as a short sentence for the report."""
+    """The conditions met, each as a short sentence for the report; with different networks, only that."""
+    if conditions and not comparison.same_network:
+        paired, larger = comparison.compute_pairing()
+        return [f"different networks: only {paired} of {larger} compute layers pair"]
     only_b = comparison.of_kind("only-in-b")
     counts = {
         "qdq-reformat": sum(1 for d in only_b if d.details.get("role") == "qdq"),

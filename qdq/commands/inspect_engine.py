@@ -1,8 +1,10 @@
 """`qdq inspect-engine layer.json`: Q/DQ placement hazards in one TensorRT engine.
 
-Exit 0: no hazard; 1: hazards found (standalone Q/DQ inside the network, type-changing reformats,
-Conv+Add with a float residual, float islands in an INT8 engine, unfused BatchNorm/Scale);
-2: bad input or usage. The Q of a network input and the DQ of a network output are not hazards.
+Exit 0: no hazard; 1: hazards found (standalone Q/DQ inside the network, reformats to or from INT8
+or next to a Q/DQ or INT8 layer, Conv+Add with a float residual, float islands in an INT8 engine,
+unfused BatchNorm/Scale); 2: bad input or usage. The Q of a network input and the DQ of a network
+output are not hazards, nor are FP32/FP16 reformats and casts away from any Q/DQ: an FP16 engine
+without Q/DQ exits 0.
 """
 
 from __future__ import annotations
@@ -27,7 +29,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
         help="find Q/DQ placement hazards in one TensorRT engine's layer info",
         description="Read trtexec --exportLayerInfo JSON (and optionally --exportProfile) and report standalone "
         "Q/DQ reformats, float residuals, FP32/FP16 islands in an INT8 engine and the slowest layers, each with "
-        "the qdq trt rule that fixes it. Exit 0: no hazard; 1: hazards; 2: bad input or usage.",
+        "the qdq trt rule that fixes it. FP32/FP16 reformats and casts away from any Q/DQ or INT8 layer are not "
+        "hazards (an FP16 engine without Q/DQ is clean). Exit 0: no hazard; 1: hazards; 2: bad input or usage.",
     )
     parser.add_argument("layer_info", type=Path, metavar="layer.json", help="trtexec --exportLayerInfo output")
     parser.add_argument("--profile", type=Path, metavar="FILE", help="trtexec --exportProfile output of the same engine")

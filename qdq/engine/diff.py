@@ -6,6 +6,9 @@ where the engine alone says so, the qdq `trt` rule that fixes it:
 - `only-in-b` / `only-in-a`: Q/DQ and reformat layers (and compute layers) one engine does not have;
 - `precision`: a paired layer whose input or output data types changed;
 - `fusion`: A fuses ops into one layer that B's counterpart does not hold (B split the fusion).
+
+When too few compute layers pair, A and B are not one network: the differences are listed but no rule
+is blamed, since they say nothing about Q/DQ placement.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ from qdq.engine.layers import FLOAT, LOW_BIT, Engine, Layer
 from qdq.engine.names import STRUCTURAL_OPS
 
 SCHEMA_VERSION = 1
+SAME_NETWORK = 0.5  # least share of the larger engine's compute layers that must pair (same network: >= 0.9)
 
 
 @dataclass
@@ -62,8 +66,22 @@ class Comparison:
         return [d for d in self.differences if d.kind in kinds]
 
     def totals(self) -> dict[str, Any]:
+        paired, larger = self.compute_pairing()
         return {"a": summary(self.a), "b": summary(self.b),
-                "paired": sum(1 for p in self.pairs if p.a is not None and p.b is not None)}
+                "paired": sum(1 for p in self.pairs if p.a is not None and p.b is not None),
+                "paired_compute": paired, "compute_layers_larger": larger, "same_network": self.same_network}
+
+    def compute_pairing(self) -> tuple[int, int]:
+        """Compute layers paired, and compute layers of the larger engine (Q/DQ and reformats left out:
+        a QAT engine has many more of them than its reference)."""
+        paired = sum(1 for p in self.pairs if p.a is not None and p.b is not None and "compute" in (p.a.role, p.b.role))
+        larger = max(sum(1 for layer in e.layers if layer.role == "compute") for e in (self.a, self.b))
+        return paired, larger
+
+    @property
+    def same_network(self) -> bool:
+        paired, larger = self.compute_pairing()
+        return paired >= SAME_NETWORK * larger
 
     def regions(self) -> list[dict[str, Any]]:
         """Per network region: time in A and B and the number of differences, in network order."""
@@ -97,7 +115,7 @@ def summary(engine: Engine) -> dict[str, Any]:
     return {
         "path": str(engine.path), "version": engine.version, "detailed": engine.detailed,
         "layers": len(engine.layers), "layers_without_noops": len(layers),
-        "qdq_layers": sum(1 for layer in layers if layer.is_qdq),
+        "quantized": engine.quantized, "qdq_layers": sum(1 for layer in layers if layer.is_qdq),
         "reformat_layers": sum(1 for layer in layers if layer.is_reformat),
         "int8_layers": sum(1 for layer in layers if layer.role == "compute" and layer.runs_low_bit) if engine.detailed else None,
         "total_ms": engine.total_ms(),
@@ -125,7 +143,14 @@ def compare(a: Engine, b: Engine) -> Comparison:
     order = {id(p): i for i, p in enumerate(pairs)}
     position = {id(layer): order[id(p)] for p in pairs for layer in (p.a, p.b) if layer is not None}
     differences.sort(key=lambda d: position[id(d.b if d.b is not None else d.a)])
-    return Comparison(a, b, pairs, differences, _notes(a, b))
+    comparison = Comparison(a, b, pairs, differences, _notes(a, b))
+    if not comparison.same_network:
+        paired, larger = comparison.compute_pairing()
+        comparison.notes.insert(0, f"only {paired} of {larger} compute layers pair: these look like different "
+                                   "networks; the differences below are not evidence of a Q/DQ problem")
+        for diff in differences:
+            diff.rule = None
+    return comparison
 
 
 def _only(layer: Layer, kind: str, region: str, graph: hazards.Graph) -> Difference:
@@ -137,8 +162,9 @@ def _only(layer: Layer, kind: str, region: str, graph: hazards.Graph) -> Differe
         message = f"standalone {layer.qdq_direction or 'Q/DQ'} {layer.name} only in {side}"
         rule = hazards.rule_for_qdq(graph, layer)
     elif layer.is_reformat:
-        message = f"reformat only in {side}: {layer.name}"
-        rule = hazards.rule_for_qdq(graph, layer) if hazards._changes_type(layer) else None
+        what = "type" if hazards.changes_type(layer) else "layout"
+        message = f"{what} reformat only in {side}: {layer.name}"
+        rule = hazards.rule_for_qdq(graph, layer) if what == "type" else None
     else:
         message = f"layer only in {side}: {layer.name}"
         rule = hazards.rule_for_layer(graph, layer)
@@ -173,8 +199,10 @@ def _precision(pair: Pair, graph_b: hazards.Graph) -> list[Difference]:
     elif direction == "lost-int8":
         inputs_kept = not any(x in LOW_BIT and y in FLOAT for x, y in zip(a.input_precisions, b.input_precisions))
         label = "writes float" if inputs_kept else "falls back to float"
+    elif direction == "gained-int8":
+        label = "now quantized"
     else:
-        label = {"gained-int8": "now quantized"}.get(direction, "changes type")
+        label = "changes float precision" if all({x, y} <= FLOAT for x, y in zipped if x != y) else "changes type"
     message = f"{_short(b.name)} {label}: {_io(a)} in A, {_io(b)} in B"
     rule = hazards.rule_for_layer(graph_b, b) if lost else None
     return [Difference("precision", pair.region, message, a=a, b=b, rule=rule,
@@ -193,24 +221,30 @@ def _fusion(pair: Pair, graph_b: hazards.Graph) -> Difference | None:
     ops = "+".join(sorted(missing))
     where = f"; in B it runs in {', '.join(_short(p.name) for p in pieces)}" if pieces else ""
     message = f"A fuses {ops} into {_short(pair.a.name)}; B's {_short(pair.b.name)} does not{where}"
-    rule = None
-    if "Add" in missing:
-        between = [n for n in neighbours if n.is_qdq]
-        rule = "QDQ803" if between and not any(hazards.float_residual(p) for p in pieces) else "QDQ802"
-    elif set(missing) & hazards.COMMUTING_OPS:
-        rule = "QDQ402"
-    elif "Concat" in missing:
-        rule = "QDQ401"
-    elif "BatchNormalization" in missing:
-        rule = "QDQ204"
+    # A float fusion TensorRT chose differently, with no Q/DQ or INT8 layer near: no placement decides it.
+    rule = _fusion_rule(missing, neighbours, pieces) if any(graph_b.near_qdq(n) for n in [pair.b, *pieces]) else None
     qdq = [q for layer in [pair.b, *pieces] for q in hazards.responsible_qdq(graph_b, layer)]
     return Difference("fusion", pair.region, message, a=pair.a, b=pair.b, rule=rule, qdq_nodes=list(dict.fromkeys(qdq)),
                       details={"missing_ops": sorted(missing.elements()), "b_pieces": [p.name for p in pieces],
                                "pieces": pieces})
 
 
+def _fusion_rule(missing: Counter, neighbours: list[Layer], pieces: list[Layer]) -> str | None:
+    if "Add" in missing:
+        between = [n for n in neighbours if n.is_qdq]
+        return "QDQ803" if between and not any(hazards.float_residual(p) for p in pieces) else "QDQ802"
+    if set(missing) & hazards.COMMUTING_OPS:
+        return "QDQ402"
+    if "Concat" in missing:
+        return "QDQ401"
+    return "QDQ204" if "BatchNormalization" in missing else None
+
+
 def _notes(a: Engine, b: Engine) -> list[str]:
     notes = list(a.notes) + list(b.notes)
+    if not b.quantized:
+        notes.append(f"B ({b.path.name}) has no Q/DQ or INT8 layer: a float engine, whose precision, reformat "
+                     "and fusion differences are TensorRT's choices; no Q/DQ rule applies")
     for engine, side in ((a, "A"), (b, "B")):
         if not engine.detailed:
             notes.append(

@@ -4,6 +4,8 @@ The signals are the ones a person looks for in a TREx drawing: standalone Q/DQ r
 Conv+Add layers whose residual input or output stayed float, float islands inside an INT8 engine,
 reformats that change the data type, unfused BatchNorm/Scale layers after a quantized conv.
 Each layer is explained by the first rule of a fixed table (the codes are those of `rules/trt.toml`).
+A rule is only blamed where a Q/DQ or INT8 layer is involved: in an FP16/FP32 engine, reformats and
+casts between float types are TensorRT's precision choices, which no Q/DQ placement changes.
 """
 
 from __future__ import annotations
@@ -48,7 +50,7 @@ class Graph:
         self.engine = engine
         self._producer = engine.producers()
         self._consumers = engine.consumers()
-        self.low_bit_engine = any(layer.runs_low_bit for layer in engine.layers)
+        self.quantized = engine.quantized
         self._residual_users: dict[str, list[Layer]] = {}
         for layer in engine.layers:
             if len(layer.inputs) > 1 and layer.kind in CONV_KINDS:
@@ -84,6 +86,10 @@ class Graph:
                 source = self._producer.get(source.inputs[0].name)
         return [c for t in tensors for c in self._residual_users.get(t, [])]
 
+    def near_qdq(self, layer: Layer) -> bool:
+        """The layer or one next to it is a Q/DQ or has an INT8 tensor: a Q/DQ rule can explain it."""
+        return any(n.touches_low_bit for n in [layer, *self.producers(layer), *self.consumers(layer)])
+
     def is_boundary(self, layer: Layer) -> bool:
         """The Q of a network input or the DQ of a network output: always needed."""
         bindings = set(self.engine.bindings)
@@ -91,10 +97,10 @@ class Graph:
 
 
 def _passes_through(layer: Layer) -> bool:
-    return layer.is_noop or (layer.is_reformat and not _changes_type(layer))
+    return layer.is_noop or (layer.is_reformat and not changes_type(layer))
 
 
-def _changes_type(layer: Layer) -> bool:
+def changes_type(layer: Layer) -> bool:
     ins = {t.precision for t in layer.inputs if t.precision}
     outs = {t.precision for t in layer.outputs if t.precision}
     return bool(ins and outs and ins != outs)
@@ -122,6 +128,8 @@ POOL_OPS = {"GlobalAveragePool", "AveragePool", "ReduceMean"}
 
 def rule_for_qdq(graph: Graph, layer: Layer) -> str | None:
     """Which rule explains a standalone Q/DQ (or type-changing reformat) layer."""
+    if not graph.near_qdq(layer):
+        return None
     around = graph.producers(layer) + graph.consumers(layer)
     if any(float_residual(n) for n in around) or any(float_residual(n) for n in graph.residual_consumers(layer)):
         return "QDQ802"
@@ -141,7 +149,9 @@ def rule_for_qdq(graph: Graph, layer: Layer) -> str | None:
 
 
 def rule_for_layer(graph: Graph, layer: Layer) -> str | None:
-    """Which rule explains a compute layer that runs in float or writes float."""
+    """Which rule explains a compute layer that runs in float or writes float (in a quantized engine)."""
+    if not graph.quantized:
+        return None
     if float_residual(layer):
         return "QDQ802"
     if float_input(layer):
@@ -187,7 +197,7 @@ def find_hazards(engine: Engine) -> list[Hazard]:
         if layer.is_qdq and not graph.is_boundary(layer):
             hazards.append(Hazard("qdq-reformat", [layer], f"standalone {layer.qdq_direction or 'Q/DQ'} {io}",
                                   rule_for_qdq(graph, layer), responsible_qdq(graph, layer)))
-        elif layer.is_reformat and _changes_type(layer) and not graph.is_boundary(layer):
+        elif layer.is_reformat and changes_type(layer) and graph.near_qdq(layer) and not graph.is_boundary(layer):
             hazards.append(Hazard("type-reformat", [layer], f"reformat changes the data type {io}",
                                   rule_for_qdq(graph, layer), responsible_qdq(graph, layer)))
         elif float_residual(layer):
@@ -195,7 +205,7 @@ def find_hazards(engine: Engine) -> list[Hazard]:
                                   responsible_qdq(graph, layer)))
         elif unfused_scale(graph, layer):
             hazards.append(Hazard("unfused-scale", [layer], f"unfused {layer.kind} after a quantized conv {io}", "QDQ204"))
-    if graph.low_bit_engine:
+    if graph.quantized:
         hazards += float_islands(graph)
     return hazards
 

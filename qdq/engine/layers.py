@@ -133,6 +133,11 @@ class Layer:
         return self.weights_int8 or any(p in LOW_BIT for p in self.input_precisions)
 
     @property
+    def touches_low_bit(self) -> bool:
+        """A Q/DQ, INT8 weights or an INT8 tensor: only such layers can a Q/DQ rule explain."""
+        return self.is_qdq or self.weights_int8 or any(t.precision in LOW_BIT for t in self.inputs + self.outputs)
+
+    @property
     def own_region(self) -> str | None:
         stable = sorted(self.stable_nodes, key=self.onnx_nodes.index)
         return names.region_of(stable[0]) if stable else None
@@ -149,6 +154,11 @@ class Engine:
     version: str  # inferred from the keys, e.g. "8.2", "8.4-8.5", "10.x"
     profile_path: Path | None = None
     notes: list[str] = field(default_factory=list)
+
+    @property
+    def quantized(self) -> bool:
+        """Has a Q/DQ or INT8 layer; an FP16/FP32 engine has none, and no Q/DQ rule applies to it."""
+        return any(layer.touches_low_bit for layer in self.layers)
 
     @property
     def has_times(self) -> bool:

@@ -15,6 +15,9 @@ def render_comparison(comparison: Comparison, mapping: OnnxMapping | None, faile
     lines = [f"A (reference): {a.path}  [TensorRT {a.version}]", f"B (candidate): {b.path}  [TensorRT {b.version}]", ""]
     lines += _totals_table(comparison)
     lines.append("")
+    # Notes first: they say how far the differences below can be trusted.
+    notes = comparison.notes + (mapping.notes if mapping else [])
+    lines += [f"note: {note}" for note in notes] + ([""] if notes else [])
     diffs = comparison.differences
     if not diffs:
         lines.append("No differences in Q/DQ or reformat layers, precisions or fusions.")
@@ -33,7 +36,6 @@ def render_comparison(comparison: Comparison, mapping: OnnxMapping | None, faile
             for finding in diff.findings:
                 lines.append(f"              lint {finding['code']} {finding['node'] or ''}: {finding['message']}")
     lines.append("")
-    lines += [f"note: {note}" for note in comparison.notes + (mapping.notes if mapping else [])]
     lines.append(_summary(comparison))
     lines += _next_step(comparison, mapping)
     if failed:
@@ -80,6 +82,9 @@ def _summary(comparison: Comparison) -> str:
     gained = [d for d in comparison.of_kind("precision") if d.details["direction"] == "gained-int8"]
     if gained:
         parts.append(f"{len(gained)} layer(s) float in A but INT8 in B")
+    other = [d for d in comparison.of_kind("precision") if d.details["direction"] == "changed"]
+    if other:
+        parts.append(f"{len(other)} layer(s) with other data types and no INT8 on either side (e.g. FP32 -> FP16)")
     return "Summary: " + ", ".join(parts) + "."
 
 
@@ -108,6 +113,9 @@ def render_inspection(engine: Engine, found: list[Hazard], top: int) -> str:
     if not engine.detailed:
         lines.append("note: names-only layer info: only Q/DQ and reformat layers by name are checked; rebuild with "
                      "--profilingVerbosity=detailed for precisions")
+    if not engine.quantized:
+        lines.append("note: no Q/DQ or INT8 layer: a float engine; its reformats and casts between float types are "
+                     "TensorRT's precision choices, not Q/DQ hazards")
     lines.append("")
     if found:
         lines.append("Hazards:")
