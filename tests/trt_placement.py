@@ -12,6 +12,8 @@ from onnx import numpy_helper
 
 # Ops TensorRT moves Q/DQ through (MaxPool and data movement).
 COMMUTING = {"MaxPool", "Reshape", "Transpose", "Flatten", "Squeeze", "Unsqueeze", "Slice", "Pad", "Resize"}
+# The bias input of the ops that have one: TensorRT takes it as a float constant and quantizes it itself.
+BIAS_INPUT = {"Conv": 2, "ConvTranspose": 2, "Gemm": 2}
 
 
 class Graph:
@@ -42,6 +44,16 @@ class Graph:
         quantize = self.made_by(data, "QuantizeLinear")
         return data in self.constants or (quantize is not None and quantize.input[0] in self.constants)
 
+    def dequantized_bias(self, node: onnx.NodeProto) -> bool:
+        """Whether the node's bias input is made by a DQ (through Identity or Cast)."""
+        slot = BIAS_INPUT.get(node.op_type)
+        if slot is None or len(node.input) <= slot or not node.input[slot]:
+            return False
+        producer = self.producer.get(node.input[slot])
+        while producer is not None and producer.op_type in ("Identity", "Cast"):
+            producer = self.producer.get(producer.input[0])
+        return producer is not None and producer.op_type == "DequantizeLinear"
+
     def dequantized_params(self, tensor: str):
         """(scale, zero-point) of the DQ making `tensor`, else None."""
         dq = self.made_by(tensor, "DequantizeLinear")
@@ -58,8 +70,8 @@ def violations(model: onnx.ModelProto) -> list[str]:
     for node in g.graph.node:
         if node.op_type in ("QuantizeLinear", "DequantizeLinear"):
             scale, zero_point = g.params(node)
-            # int8 with zero-point 0; int32 only for a bias (constant-folded by TensorRT).
-            if np.any(zero_point != 0) or zero_point.dtype not in (np.int8, np.int32):
+            # int8 with zero-point 0 (an int32 Q/DQ could only be a bias, and biases must be float).
+            if np.any(zero_point != 0) or zero_point.dtype != np.int8:
                 problems.append(f"{node.name}: zero-point {zero_point.ravel()[:3]} of {zero_point.dtype}, TensorRT needs int8 0")
             if scale.size > 1 and not g.from_constant(node):
                 problems.append(f"{node.name}: per-axis scale on an activation")
@@ -75,6 +87,8 @@ def violations(model: onnx.ModelProto) -> list[str]:
                 problems.append(f"{node.name}: {node.op_type} output Q differs from its input DQ")
         elif node.op_type == "Add":
             problems += _residual_problems(g, node)
+        if g.dequantized_bias(node):
+            problems.append(f"{node.name}: dequantized bias; TensorRT's parser needs a float constant")
     return problems
 
 

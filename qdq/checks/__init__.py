@@ -7,7 +7,7 @@
 - alignment: QDQ4xx, values that must share one scale (Concat, pools, shape ops)
 - formats: QDQ5xx, the types and scale forms a target accepts (power-of-two, per-tensor, symmetric)
 - shifts: QDQ601-605, 607, 608, the NPU's shift limits between fix positions
-- bias: QDQ606, integer bias at input scale × weight scale
+- bias: QDQ606, integer bias at input scale × weight scale; QDQ609, a bias the target wants float
 - dpu: QDQ7xx, fixed DPU numerics the float model does not reproduce
 - placement: QDQ801-803, Q/DQ placement around the ops a target fuses (float inputs, residual Adds)
 - node_units: QDQ804-805, ops with dequantized inputs whose output has no Q (onnxruntime node units)

@@ -1,22 +1,29 @@
-"""QDQ606: an integer bias must be quantized at exactly input scale × weight scale.
+"""Biases: QDQ606, an integer bias must be quantized at exactly input scale × weight scale;
+QDQ609, a target that quantizes the bias itself (TensorRT) takes it as a float constant.
 
-Integer kernels (QLinearConv, TensorRT's int8 convolution, the NPU's accumulator) add the
-bias to the int32 accumulator, whose scale is `s_in · s_w`. A bias at any other scale is
-either rescaled at run time or, worse, added as if it had that scale.
+Integer kernels (QLinearConv, the NPU's accumulator) add the bias to the int32 accumulator, whose
+scale is `s_in · s_w`. A bias at any other scale is either rescaled at run time or, worse, added
+as if it had that scale.
 """
 
 from __future__ import annotations
 
+import logging
 from typing import Iterable
 
 import numpy as np
+import onnx
 import onnx_graphsurgeon as gs
+from onnx import helper, numpy_helper, shape_inference
+from onnx_graphsurgeon.exporters.onnx_exporter import OnnxExporter
 
 from qdq.dtypes import type_name
 from qdq.operands import BIAS_INPUT, WEIGHT_INPUT, input_value
 from qdq.quant_index import PER_TENSOR, QuantIndex, QTensor
 from qdq.requantize import describe, set_params
 from qdq.rule import Change, CheckContext, Finding, FixSafety, Rule, Severity, register
+
+log = logging.getLogger("qdq")
 
 
 @register
@@ -102,3 +109,100 @@ def _operands(ctx: CheckContext, node) -> tuple[QTensor, np.ndarray, int] | None
         return None
     expected = (np.float32(p_in.scale.ravel()[0]) * p_w.scale.ravel().astype(np.float32)).astype(np.float64)
     return bias, expected, 0
+
+
+@register
+class QuantizedBias(Rule):
+    """A Conv, ConvTranspose or Gemm bias must be a float constant, not dequantized.
+
+    Why: TensorRT derives the int32 bias itself from a float bias and the input and weight
+    scales. Its ONNX parser fails on an int32 bias DequantizeLinear (onnxruntime's
+    `quantize_static` default: "only activation types allowed as input to this layer"), and reads
+    an int8 Q→DQ'd bias (Vitis AI, Quark) as a dynamic input whose handling is undocumented.
+    NVIDIA's own tools never quantize a bias.
+
+    Example: `Conv(x, w, DequantizeLinear(b_int32, 0.0002))`. The fix replaces the bias by a float
+    initializer holding the values onnxruntime computes for it, `DQ(b_int)` or `DQ(Q(b_float))`
+    with the Q's rounding and clipping; the Q/DQ nodes nobody else reads go. Exact: the outputs
+    stay bit-identical in onnxruntime.
+    """
+
+    code = "QDQ609"
+    name = "quantized-bias"
+    message = "{node}: bias {tensor} is {form} ({dtype}); the target takes a float bias"
+    severity = Severity.ERROR
+    fix_safety = FixSafety.EXACT
+    parameters = {"ops": ["Conv", "ConvTranspose", "Gemm"]}
+
+    def check(self, ctx: CheckContext) -> Iterable[Finding]:
+        ops = set(ctx.params["ops"])
+        for node in ctx.graph.nodes:
+            if node.op not in ops or input_value(ctx.index, node, BIAS_INPUT[node.op]) is None:
+                continue
+            tensor = node.inputs[BIAS_INPUT[node.op]]
+            dequantize = ctx.index.dequantize_feeding(tensor)
+            bias = ctx.index.qtensor_of(dequantize)
+            form = "QuantizeLinear → DequantizeLinear" if bias.quantize is not None else "a DequantizeLinear"
+            name = ctx.value_name(bias)
+            yield self.finding(ctx, node, [name], subject=node, fixable=_ancestry(tensor) is not None, tensor=name,
+                               op=node.op, form=form, dtype=type_name(ctx.index.params(dequantize).elem_type))
+
+    def fix(self, ctx: CheckContext, finding: Finding) -> list[Change]:
+        node = finding.subject
+        slot = BIAS_INPUT[node.op]
+        values = _evaluate(ctx, node.inputs[slot])
+        if values is None:
+            return []
+        old = node.inputs[slot].name
+        node.inputs[slot] = ctx.model.new_constant(ctx.new_name(f"{node.name}_bias", replacing=old), values)
+        return [Change(self.code, node.name, finding.tensors[0], finding.values["dtype"], str(values.dtype),
+                       f"{node.name}: bias folded into a float constant ({values.size} values, as onnxruntime "
+                       f"computes {finding.values['form']})")]
+
+
+def _ancestry(tensor: gs.Tensor) -> list[gs.Node] | None:
+    """The nodes that compute `tensor` from constants alone, producers first; None if it reads a graph input."""
+    order: list[gs.Node] = []
+    seen: set[int] = set()
+
+    def visit(t: gs.Tensor) -> bool:
+        if isinstance(t, gs.Constant) or t.name == "":
+            return True
+        if len(t.inputs) != 1:
+            return False
+        producer = t.inputs[0]
+        if id(producer) in seen:
+            return True
+        seen.add(id(producer))
+        if not all(visit(i) for i in producer.inputs if i is not None):
+            return False
+        order.append(producer)
+        return True
+
+    return order if visit(tensor) else None
+
+
+def _evaluate(ctx: CheckContext, tensor: gs.Tensor) -> np.ndarray | None:
+    """The values of a constant-computed tensor, as onnxruntime (optimisations off) computes them."""
+    import onnxruntime as ort  # imported here: linting never needs it
+
+    nodes = _ancestry(tensor)
+    if nodes is None:
+        return None
+    constants = {id(t): t for n in nodes for t in n.inputs if isinstance(t, gs.Constant)}.values()
+    graph = helper.make_graph(
+        [OnnxExporter.export_node(n) for n in nodes], "bias", [],
+        [helper.make_value_info(tensor.name, onnx.TypeProto())],
+        [numpy_helper.from_array(np.asarray(ctx.model.constant_values(c)), c.name) for c in constants])
+    proto = helper.make_model(graph, opset_imports=ctx.model.proto.opset_import, ir_version=ctx.model.proto.ir_version)
+    proto.graph.output[0].CopyFrom(shape_inference.infer_shapes(proto).graph.output[0])
+    options = ort.SessionOptions()
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    options.log_severity_level = 4
+    try:
+        session = ort.InferenceSession(proto.SerializeToString(), options, providers=["CPUExecutionProvider"])
+        return session.run(None, {})[0]
+    except Exception as exc:  # an op onnxruntime cannot run: the bias stays, and the finding says it was not fixed
+        first = (str(exc).strip().splitlines() or [""])[0]
+        log.warning("%s: onnxruntime cannot compute the bias: %s", tensor.name, first)
+        return None
