@@ -10,7 +10,10 @@ by 2^(old - new). Here a scale change:
 - re-quantizes stored integers (int8 weights, int32 biases) with round-half-to-even and clipping,
   `q_new = clip(rint((q_old - zp_old) * s_old / s_new) + zp_new)`, and measures the cost:
   values saturated, non-zero values rounded to zero, and the SQNR of the dequantized tensor;
-- for a float weight behind a Q, measures the same figures (the Q re-quantizes at run time).
+- for a float weight behind a Q (fake-quantized QAT exports), starts from the effective weights:
+  the model computes with the float constant rounded and clipped by the old grid, so the Q is
+  given those values as a new constant before its grid changes; a weight the old scale clipped
+  at ±127 would otherwise grow by up to new scale / old scale. The cost is measured against them.
 """
 
 from __future__ import annotations
@@ -78,8 +81,8 @@ def set_params(
     values: dict = {}
     if qt.stored:
         values = _requantize_stored(ctx, qt, first, new_scale, new_zp, new_axis, new_type)
-    elif qt.quantize is not None:
-        values = _measure_float_constant(ctx, qt, new_scale, new_zp, new_axis, new_type)
+    elif qt.quantize is not None and not _same_grid(first, new_scale, new_zp, new_axis, new_type):
+        values = _pin_float_constant(ctx, qt, new_scale, new_zp, new_axis, new_type)
     for node in qt.nodes:
         _set_input(node, 1, scale_const)
         if zp_const is not None:
@@ -154,19 +157,63 @@ def _requantize_stored(
     return values
 
 
-def _measure_float_constant(
+def _pin_float_constant(
     ctx: CheckContext, qt: QTensor, scale: np.ndarray, zp: np.ndarray, axis: int, elem_type: int
 ) -> dict:
-    """For a float weight behind a Q: what the new grid does to it (nothing is rewritten)."""
-    source = resolve_constant(qt.quantize.inputs[0]) if qt.quantize.inputs else None
-    if source is None:
+    """For a float weight behind a Q: replace the constant by its effective values; measure the new grid on them."""
+    weights = effective_values(ctx, qt)
+    if weights is None:
         return {}
-    weights = source_values(ctx.model, source)
+    name = ctx.value_name(qt)
+    constant = ctx.model.new_constant(ctx.new_name(f"{name}_effective", replacing=qt.float_input.name), weights)
+    _set_input(qt.quantize, 0, constant)
+    qt.float_input = constant  # as `qt.integer` for stored integers: a second move starts from these
 
     def real(rows: slice) -> np.ndarray:
         return weights[rows].astype(np.float64)
 
     return _quantize(real, weights.shape, scale, zp, axis, quant_type(elem_type), None)[1]
+
+
+def effective_values(ctx: CheckContext, qt: QTensor) -> np.ndarray | None:
+    """The float values a weight stands for as the model computes them; None if they are computed in the graph.
+
+    Stored integers are dequantized; a float constant behind a Q is rounded and clipped by that
+    Q (a fake-quantized weight's trained values are the clipped ones), in the constant's type.
+    Float quantized types (float8) are not modelled: None.
+    """
+    params = ctx.index.params(qt.nodes[0])
+    qtype = params.qtype
+    if qtype is None or qtype.is_float:
+        return None
+    if qt.stored:
+        integers = source_values(ctx.model, resolve_constant(qt.integer))
+        out = np.empty(integers.shape, dtype=_np_type(params.scale_source.elem_type))
+    else:
+        source = resolve_constant(qt.quantize.inputs[0]) if qt.quantize is not None and qt.quantize.inputs else None
+        if source is None:
+            return None
+        weights = source_values(ctx.model, source)
+        out = np.empty_like(weights)
+    for rows in _row_blocks(out.shape):
+        s, z = (_along(v, out.ndim, params.axis, rows) for v in (params.scale, params.zero_point))
+        if qt.stored:
+            q = integers[rows].astype(np.float64)
+        else:  # divided in the weight's own type, as QuantizeLinear does
+            q = np.clip(np.rint(weights[rows] / s.astype(weights.dtype)) + z, qtype.qmin, qtype.qmax)
+        out[rows] = (q - z) * s
+    return out
+
+
+def _same_grid(params: QParams, scale: np.ndarray, zp: np.ndarray, axis: int, elem_type: int) -> bool:
+    """Whether new parameters represent the same real values, steps and range (a type shift: int8 ↔ uint8 + 128)."""
+    old_type, new_type = params.qtype, quant_type(elem_type)
+    return (
+        old_type is not None and new_type is not None
+        and _same(params.scale, scale) and (scale.size == 1 or axis == params.axis)
+        and _same(old_type.qmin - params.zero_point, new_type.qmin - zp)
+        and _same(old_type.qmax - params.zero_point, new_type.qmax - zp)
+    )
 
 
 def _quantize(

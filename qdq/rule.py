@@ -129,9 +129,8 @@ class CheckContext:
 
     def value_name(self, qt: QTensor) -> str:
         """The name the input model gave a quantized value: its float tensor, or its stored integers."""
-        if qt.float_input is not None:
-            return qt.float_input.name
-        return self.names.original(qt.integer.name) if self.names is not None else qt.integer.name
+        name = qt.float_input.name if qt.float_input is not None else qt.integer.name
+        return self.names.original(name) if self.names is not None else name
 
 
 class Rule:

@@ -10,6 +10,7 @@ import math
 from typing import Iterable
 
 import numpy as np
+import onnx_graphsurgeon as gs
 from onnx import TensorProto
 
 from qdq import pow2
@@ -17,7 +18,7 @@ from qdq.dtypes import DEQUANTIZE_ONLY, type_name
 from qdq.errors import RuleSetError
 from qdq.operands import ACTIVATION, BIAS, WEIGHT, WEIGHT_INPUT, output_channel_axis, output_value, role, scale_of
 from qdq.quant_index import PER_AXIS, PER_TENSOR, QUANTIZE, QParams, QTensor, is_uniform, resolve_constant, source_values
-from qdq.requantize import describe, set_params, why_type_is_fixed
+from qdq.requantize import describe, effective_values, set_params, why_type_is_fixed
 from qdq.rule import Change, CheckContext, Finding, FixSafety, Rule, Severity, register
 
 
@@ -42,12 +43,21 @@ class UnsupportedQuantType(Rule):
 
     Example: the NPU set allows int8 and uint8 activations, int8 weights and int8 or int32
     biases; `Q(x, zero_point: int16)` is reported.
+
+    The fix handles uint8 weights where int8 ones are allowed (onnxruntime's U8U8 models), the
+    only type change that is the rewriter's job rather than the quantizer's. Zero-point 128 is
+    the int8 grid shifted by 128: integers and zero-point move by -128, exact. Any other
+    zero-point: one re-quantization of the effective weights to symmetric int8 covering the
+    old range (as QDQ503 would, but without first re-quantizing to uint8 zero-point 128);
+    approximate, with its cost in the change report.
     """
 
     code = "QDQ501"
     name = "unsupported-quant-type"
     message = "{role} {tensor} is {dtype}; the target supports {allowed}"
     severity = Severity.ERROR
+    fix_safety = FixSafety.APPROXIMATE
+    edits_graph = False
     parameters = {"activation_types": [], "weight_types": [], "bias_types": []}
 
     def check(self, ctx: CheckContext) -> Iterable[Finding]:
@@ -55,8 +65,30 @@ class UnsupportedQuantType(Rule):
             allowed = ctx.params[f"{kind}_types"]
             dtype = type_name(params.elem_type)
             if allowed and dtype not in allowed:
-                yield self.finding(ctx, qt.nodes[0], [ctx.value_name(qt)], fixable=False, role=kind,
+                fixable = kind == WEIGHT and dtype == "uint8" and "int8" in allowed and _int8_fixable(ctx, qt, params)
+                yield self.finding(ctx, qt.nodes[0], [ctx.value_name(qt)], subject=qt, fixable=fixable, role=kind,
                                    tensor=ctx.value_name(qt), dtype=dtype, allowed=", ".join(allowed))
+
+    def fix(self, ctx: CheckContext, finding: Finding) -> list[Change]:
+        qt = finding.subject
+        params = ctx.index.params(qt.nodes[0])
+        scale, zp = params.scale, params.zero_point
+        if np.all(zp == 128):
+            reason = "uint8 → int8 weights: integers and zero-point move by -128 (exact)"
+            new_scale, new_zp = scale, zp - 128
+        else:  # the smallest symmetric int8 scale that represents [(0 - zp)·s, (255 - zp)·s]
+            reason = "uint8 → symmetric int8 weights covering the old range"
+            new_scale, new_zp = np.maximum(zp * scale / 128, (255 - zp) * scale / 127), np.zeros_like(zp)
+        changes = set_params(ctx, qt, new_scale, self.code, reason, zero_point=new_zp, axis=params.axis,
+                             elem_type=TensorProto.INT8)
+        for change in changes:
+            change.old, change.new = f"uint8 {change.old}", f"int8 {change.new}"
+        return changes
+
+
+def _int8_fixable(ctx: CheckContext, qt: QTensor, params: QParams) -> bool:
+    """Whether a uint8 weight can become int8: not blocked, positive scales, nothing else reads its integers."""
+    return bool(not params.block_size and np.all(params.scale > 0)) and why_type_is_fixed(ctx, qt) is None
 
 
 @register
@@ -113,6 +145,16 @@ class AsymmetricZeroPoint(Rule):
     Example: `Q(x, scale=0.02, zero_point=-10 int8)`. The fix picks the symmetric scale that
     still covers the old range, [-118·0.02, 137·0.02] → scale 137·0.02/127, so nothing the old
     grid represented saturates; stored integers are re-quantized. Approximate.
+
+    A zero-point at the type minimum (uint8 0, int8 -128) makes the Q clip every negative value
+    to 0: onnxruntime's `quantize_static` removes a Relu before a Q this way. A symmetric grid
+    would let those negative values through, so with `keep_clip = "relu"` the fix first puts the
+    clip back as a Relu on that Q's input (other readers of the float tensor keep their values;
+    the NPU and TensorRT fuse it into the Conv or Add before it), unless the tensor cannot be
+    negative anyway (`nonnegative` ops such as a Relu or Sigmoid, a Clip at min >= 0, or ops in
+    `through` applied to such values). Example: `Conv → Q(s, zp=-128 int8)` becomes
+    `Conv → Relu → Q(255·s/127, zp=0)`: the same outputs on [0, 255·s], one step twice as
+    coarse. `keep_clip = ""` leaves the clip out.
     """
 
     code = "QDQ503"
@@ -120,10 +162,18 @@ class AsymmetricZeroPoint(Rule):
     message = "{role} {tensor} has zero-point {zero_point}; the target needs {expected}"
     severity = Severity.ERROR
     fix_safety = FixSafety.APPROXIMATE
-    edits_graph = False
-    parameters = {"unsigned_midpoint": True}
+    parameters = {
+        "unsigned_midpoint": True,
+        "keep_clip": "relu",
+        "nonnegative": ["Relu", "Sigmoid", "Softmax", "Abs", "Exp"],
+        # Not Resize: cubic interpolation overshoots below 0.
+        "through": ["MaxPool", "AveragePool", "GlobalAveragePool", "GlobalMaxPool", "Reshape", "Flatten",
+                    "Transpose", "Squeeze", "Unsqueeze", "Slice", "Concat"],
+    }
 
     def check(self, ctx: CheckContext) -> Iterable[Finding]:
+        if ctx.params["keep_clip"] not in ("relu", ""):
+            raise RuleSetError(f"{self.code}.keep_clip must be \"relu\" or \"\", got {ctx.params['keep_clip']!r}")
         for qt, params, kind in _values(ctx):
             qtype = params.qtype
             if qtype is None or qtype.is_float:
@@ -145,7 +195,76 @@ class AsymmetricZeroPoint(Rule):
         new_zp = _expected_zero_point(qtype, ctx.params["unsigned_midpoint"])
         candidates = [high / (qtype.qmax - new_zp)] + ([-low / (new_zp - qtype.qmin)] if new_zp > qtype.qmin else [])
         new_scale = max(c for c in candidates if c > 0) if any(c > 0 for c in candidates) else scale
-        return set_params(ctx, qt, new_scale, self.code, "symmetric parameters covering the old range", zero_point=new_zp)
+        changes = []
+        if ctx.params["keep_clip"] == "relu" and zp == qtype.qmin and qt.quantize is not None \
+                and role(ctx.index, qt) == ACTIVATION and _can_be_negative(ctx, qt.quantize.inputs[0], set()):
+            changes.append(_insert_relu(ctx, qt, self.code))
+        return changes + set_params(ctx, qt, new_scale, self.code, "symmetric parameters covering the old range",
+                                    zero_point=new_zp)
+
+
+def _insert_relu(ctx: CheckContext, qt: QTensor, code: str) -> Change:
+    """Put the clip a zero-point at the type minimum made back as a Relu, on this Q's input only."""
+    quantize, tensor = qt.quantize, qt.quantize.inputs[0]
+    clipped = gs.Variable(ctx.new_name(f"{tensor.name}_relu"), dtype=tensor.dtype, shape=tensor.shape)
+    relu = gs.Node("Relu", ctx.new_name(f"{tensor.name}_Relu"), inputs=[tensor], outputs=[clipped])
+    ctx.graph.nodes.append(relu)
+    quantize.inputs[0] = clipped
+    after = f" after {tensor.inputs[0].op} {tensor.inputs[0].name}" if tensor.inputs else ""
+    return Change(code, quantize.name, tensor.name, "clipped at 0 by the zero-point", f"Relu {relu.name}",
+                  f"Relu re-inserted: the old zero point clipped at 0; no numeric cost, one Relu node{after} "
+                  f"for the target to fuse", {"inserted": relu.name})
+
+
+def _can_be_negative(ctx: CheckContext, tensor: gs.Tensor, seen: set[int]) -> bool:
+    """Whether a float tensor may hold negative values, as far as its producers show (True when unsure)."""
+    if id(tensor) in seen:
+        return True
+    seen.add(id(tensor))
+    if isinstance(tensor, gs.Constant):
+        return bool(np.any(np.asarray(tensor.values) < 0))
+    dq = ctx.index.dequantize_feeding(tensor)
+    if dq is not None:
+        return _dequantized_can_be_negative(ctx, dq, seen)
+    producer = tensor.inputs[0] if len(tensor.inputs) == 1 else None
+    if producer is None:
+        return True
+    if producer.op in ctx.params["nonnegative"]:
+        return False
+    if producer.op == "Clip":
+        low = _clip_min(ctx, producer)
+        return low is None or low < 0
+    if producer.op in ctx.params["through"]:
+        data = producer.inputs if producer.op == "Concat" else producer.inputs[:1]
+        return any(_can_be_negative(ctx, t, seen) for t in data)
+    return True
+
+
+def _dequantized_can_be_negative(ctx: CheckContext, dq, seen: set[int]) -> bool:
+    """A DQ gives no negative value when its zero-point is the type minimum, or when the Q before it
+    (same zero-point) quantizes a tensor that has none."""
+    params = ctx.index.params(dq)
+    if params.dynamic or params.qtype is None or params.qtype.is_float or not is_uniform(params.zero_point):
+        return True
+    zp = params.zero_point.ravel()[0]
+    if zp == params.qtype.qmin:
+        return False
+    integers = dq.inputs[0]
+    quantize = integers.inputs[0] if len(integers.inputs) == 1 else None
+    if quantize is None or quantize.op != QUANTIZE or ctx.index.qtensor_of(quantize) is None:
+        return True
+    q_params = ctx.index.params(quantize)
+    same_zp = not q_params.dynamic and is_uniform(q_params.zero_point) and q_params.zero_point.ravel()[0] == zp
+    return not same_zp or _can_be_negative(ctx, quantize.inputs[0], seen)
+
+
+def _clip_min(ctx: CheckContext, clip) -> float | None:
+    """A Clip's lower bound, when it is a constant."""
+    low = clip.attrs.get("min")  # opset < 11 keeps the bounds as attributes
+    if low is None and len(clip.inputs) > 1 and clip.inputs[1] is not None and clip.inputs[1].name:
+        source = resolve_constant(clip.inputs[1])
+        low = float(source_values(ctx.model, source).ravel()[0]) if source is not None else None
+    return low
 
 
 def _expected_zero_point(qtype, unsigned_midpoint: bool) -> float:
@@ -208,8 +327,8 @@ class NonPow2Scale(Rule):
         params = ctx.index.params(qt.nodes[0])
         method = ctx.params["rounding"] if kind == ACTIVATION else ctx.params["weight_rounding"]
         if method == "min-error":
-            real = _real_values(ctx, qt, params)
-            scale = _min_error_scale(real, params) if real is not None else _ceil(params.scale)
+            real = effective_values(ctx, qt)
+            scale = _min_error_scale(real.astype(np.float64), params) if real is not None else _ceil(params.scale)
         elif method == "nearest":
             scale = np.exp2(np.rint(np.log2(params.scale)))
         else:
@@ -219,17 +338,6 @@ class NonPow2Scale(Rule):
 
 def _ceil(scale: np.ndarray) -> np.ndarray:
     return np.exp2(np.ceil(np.log2(scale)))
-
-
-def _real_values(ctx: CheckContext, qt: QTensor, params: QParams) -> np.ndarray | None:
-    """The float values a weight stands for: the constant behind its Q, or its dequantized integers."""
-    if qt.quantize is not None:
-        source = resolve_constant(qt.quantize.inputs[0]) if qt.quantize.inputs else None
-        return source_values(ctx.model, source).astype(np.float64) if source is not None else None
-    source = resolve_constant(qt.integer)
-    if source is None or params.granularity != PER_TENSOR:
-        return None
-    return (source_values(ctx.model, source).astype(np.float64) - params.zero_point.ravel()[0]) * params.scale.ravel()[0]
 
 
 def _min_error_scale(real: np.ndarray, params: QParams) -> np.ndarray:
@@ -439,10 +547,7 @@ class ClippedZeroPoint(Rule):
 
 def _clips_at_zero(ctx: CheckContext, clip, scale: float) -> bool:
     """Whether a Clip's lower bound is 0 on this grid (min >= 0 and rounding to step 0)."""
-    low = clip.attrs.get("min")  # opset < 11 keeps the bounds as attributes
-    if low is None and len(clip.inputs) > 1 and clip.inputs[1] is not None and clip.inputs[1].name:
-        source = resolve_constant(clip.inputs[1])
-        low = float(source_values(ctx.model, source).ravel()[0]) if source is not None else None
+    low = _clip_min(ctx, clip)
     return low is not None and low >= 0 and np.rint(low / scale) == 0
 
 

@@ -39,6 +39,9 @@ VARIANTS: dict[str, tuple[str, dict, str]] = {
     "resnet_s8_symmetric_per_channel": (
         "resnet", {"per_channel": True, "extra_options": {"ActivationSymmetric": True, "WeightSymmetric": True}},
         "symmetric int8 activations: zero points 0, Relus kept"),
+    "resnet_u8u8": (
+        "resnet", {"activation_type": QuantType.QUInt8, "weight_type": QuantType.QUInt8},
+        "U8U8: uint8 weights, asymmetric (zero points 116-137, none 128)"),
     "resnet_keep_activations": (
         "resnet", {"activation_type": QuantType.QUInt8, "extra_options": {"QDQKeepRemovableActivations": True}},
         "Relus kept between Q/DQ pairs"),

@@ -1,0 +1,135 @@
+"""Weights are re-quantized from the values the model computes with, on corpus files real tools wrote.
+
+A fake-quantized weight (float constant → Q → DQ, FX QAT exports) computes with the constant
+rounded and clipped by its Q; a uint8 weight (onnxruntime U8U8) becomes int8 for the NPU and
+TensorRT in one step. Errors are relative L2 of the logits over the 16 samples of
+`corpus/float/ARCH.npz`, against the float model, in onnxruntime with optimisations off.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+
+from cli_run import qdq
+
+CORPUS = Path(__file__).resolve().parent / "corpus"
+
+
+def logits(path: Path, arch: str, outputs: list[str] | None = None) -> list[np.ndarray]:
+    """Each requested output (default: the first) over every sample of ARCH.npz, one sample at a time."""
+    options = ort.SessionOptions()
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    options.log_severity_level = 3
+    session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+    names = outputs or [session.get_outputs()[0].name]
+    with np.load(CORPUS / "float" / f"{arch}.npz") as data:
+        inputs = {i.name: data[i.name] for i in session.get_inputs()}
+    runs = [session.run(names, {k: v[i:i + 1] for k, v in inputs.items()}) for i in range(len(next(iter(inputs.values()))))]
+    return [np.concatenate([run[j] for run in runs]) for j in range(len(names))]
+
+
+def error_vs_float(path: Path, arch: str) -> float:
+    (got,), (want,) = logits(path, arch), logits(CORPUS / "float" / f"{arch}.onnx", arch)
+    return float(np.linalg.norm(got - want) / np.linalg.norm(want))
+
+
+def fixed(tmp_path: Path, model: Path, *args: str) -> tuple[Path, dict]:
+    out = tmp_path / model.name
+    run = qdq("fix", model, "-o", out, "--keep-failed", "--format", "json", *args)
+    assert run.code in (0, 1), run.err
+    return out, run.json()
+
+
+def changes(report: dict, code: str) -> list[dict]:
+    return [c for c in report["changes"] if c["code"] == code]
+
+
+def test_fake_quantized_weights_keep_their_clip(tmp_path):
+    """One scale per weight for the NPU (QDQ502: the largest per-channel scale) on an FX QAT export.
+
+    yolo_fx_qat_x86 keeps float weights behind per-channel Qs that clip 0.1-9 % of them. Measured
+    error vs float: the export 0.1930; fixed from the raw float constants (before) 0.2144, 1.11x,
+    as the weights the old scales clipped come back; from the effective weights 0.1991, 1.03x.
+    (Only QDQ502 here: the full npu fix of the x86 exports is dominated by activation changes.)
+    """
+    model = CORPUS / "torch" / "yolo_fx_qat_x86.onnx"
+    out, report = fixed(tmp_path, model, "--target", "npu", "--select", "QDQ2,QDQ502")
+    moved = changes(report, "QDQ502")
+    assert len(moved) == 28
+    own = error_vs_float(model, "yolo")
+    assert error_vs_float(out, "yolo") <= 1.05 * own
+    # The cost is measured on the effective weights, which the largest scale covers: none saturates.
+    assert all(c["values"]["saturated"] == 0 for c in moved)
+    assert all(c["values"]["sqnr_db"] > 30 for c in moved)
+
+
+def test_fake_quantized_weights_are_new_constants(tmp_path):
+    """Power-of-two weight scales (QDQ504): each Q reads a new constant, its float weight clipped and
+    rounded by the scale it had; the input model's initializers keep their values."""
+    model = CORPUS / "torch" / "resnet_fx_qat_qnnpack.onnx"
+    out, report = fixed(tmp_path, model, "--target", "npu")
+    before, after = onnx.load(model).graph, onnx.load(out).graph
+    old = {i.name: onnx.numpy_helper.to_array(i) for i in before.initializer}
+    new = {i.name: onnx.numpy_helper.to_array(i) for i in after.initializer}
+    for name in set(old) & set(new):
+        np.testing.assert_array_equal(new[name], old[name])
+    old_q = {n.name: n for n in before.node if n.op_type == "QuantizeLinear"}
+    pinned = [n for n in after.node if n.op_type == "QuantizeLinear" and n.input[0] in new and n.input[0] not in old]
+    assert len(pinned) == 10 == len([c for c in changes(report, "QDQ504") if "sqnr_db" in c["values"]])
+    for node in pinned:
+        weight, scale = old[old_q[node.name].input[0]], old[old_q[node.name].input[1]]
+        expected = (np.clip(np.rint(weight / scale), -128, 127) * scale).astype(weight.dtype)
+        np.testing.assert_array_equal(new[node.input[0]], expected)
+
+
+@pytest.mark.parametrize("target", ["npu", "trt"])
+def test_uint8_weights_become_int8(tmp_path, target):
+    """An onnxruntime U8U8 model (asymmetric uint8 weights, zero points 116-137) becomes lint-clean.
+
+    Each weight is re-quantized once, from its dequantized integers, to symmetric int8 covering
+    the old range (QDQ501); before, QDQ503 moved it to uint8 zero-point 128 and QDQ501 had no fix.
+    Measured error vs float: the export 0.0326; QDQ501 alone 0.0432 (npu and trt alike).
+    """
+    model = CORPUS / "ort" / "resnet_u8u8.onnx"
+    out, report = fixed(tmp_path, model, "--target", target)
+    moved = changes(report, "QDQ501")
+    assert len(moved) == 10
+    assert all(c["old"].startswith("uint8 ") and c["new"].startswith("int8 ") for c in moved)
+    assert not {c["tensor"] for c in changes(report, "QDQ503")} & {c["tensor"] for c in moved}  # moved once
+    lint = qdq("lint", out, "--target", target, "--format", "json")
+    assert [f for f in lint.json()["findings"] if f["code"] == "QDQ501"] == []
+    graph = onnx.load(out).graph
+    constants = {i.name: onnx.numpy_helper.to_array(i) for i in graph.initializer}
+    weights = [n for n in graph.node if n.op_type == "DequantizeLinear" and constants.get(n.input[0]) is not None
+               and constants[n.input[0]].ndim > 1]
+    assert len(weights) == 10
+    assert all(constants[n.input[0]].dtype == np.int8 and not constants[n.input[2]].any() for n in weights)
+
+
+def test_uint8_weight_with_zero_point_128_is_an_exact_shift(tmp_path):
+    """uint8 with zero-point 128 is the int8 grid shifted by 128: the weights DQ gives are bit-identical.
+
+    mobilenetv2_u16_activations has uint8 weights; two have zero-point 128.
+    """
+    model = CORPUS / "ort" / "mobilenetv2_u16_activations.onnx"
+    out, report = fixed(tmp_path, model, "--target", "trt", "--select", "QDQ501")
+    exact = [c for c in changes(report, "QDQ501") if "(exact)" in c["description"]]
+    assert [c["old"] for c in exact] == ["uint8 0.00682571 zp 128", "uint8 0.0120653 zp 128"]
+    assert all(c["values"]["sqnr_db"] == "inf" and c["values"]["saturated"] == 0 for c in exact)
+    # Run both models with the DQ outputs of those weights as extra graph outputs.
+    nodes = {c["node"] for c in exact}
+    outputs = []
+    for path in (model, out):
+        proto = onnx.load(path)
+        names = [n.output[0] for n in proto.graph.node if n.name in nodes]
+        proto.graph.output.extend(onnx.helper.make_empty_tensor_value_info(name) for name in names)
+        onnx.save(proto, tmp_path / f"exposed_{path.parent.name}.onnx")
+        outputs.append(logits(tmp_path / f"exposed_{path.parent.name}.onnx", "mobilenetv2", names))
+    assert len(outputs[1]) == 2
+    for before, after in zip(*outputs):
+        assert after.tobytes() == before.tobytes()
