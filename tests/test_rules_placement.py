@@ -355,3 +355,101 @@ def test_a_shared_int32_bias_gets_one_private_copy_per_conv(tmp_path):
             scales[node.name] = float(node.inputs[2].inputs[0].inputs[1].values)
     assert scales == pytest.approx({"c1": 0.02 * 0.01, "c2": 0.04 * 0.01})
     assert np.max(np.abs(run_ort(path, FEEDS)[0] - fixed_outputs(model, tmp_path)[0])) < 1e-3
+
+
+# --- QDQ806 qdq-before-activation, QDQ807 unshared-activated-residual -------------------------------
+
+
+def bottleneck(branch_qdq: bool = True) -> GraphBuilder:
+    """x → Q/DQ → conv → Q/DQ → Sigmoid → Q/DQ → Mul(conv, ·) → [Q/DQ] → Add(·, DQ(x)) → Q/DQ → y,
+    a YOLO bottleneck as onnxruntime's quantizer writes it (every activation quantized)."""
+    b = GraphBuilder()
+    x = b.input("x", [1, 4, 6, 6])
+    xq = b.q(x, 0.03, name="x_q")
+    c = b.qdq(conv(b, b.dq(xq, 0.03, name="x_dq"), "conv"), 0.08, name="c")
+    s = b.qdq(b.node("Sigmoid", [c], name="sigmoid"), 1 / 127, name="s")
+    h = b.node("Mul", [c, s], name="silu")
+    if branch_qdq:
+        h = b.qdq(h, 0.06, name="branch")
+    y = b.node("Add", [h, b.dq(xq, 0.03, name="x_dq_residual")], name="add")
+    b.node("DequantizeLinear", [b.q(y, 0.1, name="y_q"), *b.qparams("y_dq", 0.1)], outputs=["y"], name="y_dq")
+    b.output("y", [1, 4, 6, 6])
+    return b
+
+
+def shared_trt(tmp_path: Path):
+    path = tmp_path / "shared.toml"
+    path.write_text('extends = "trt"\n[params]\nresidual_after_activation = "shared"\n')
+    return load_rules_file(path)
+
+
+def test_qdq_between_conv_and_silu_is_removed(tmp_path):
+    model, path = load(bottleneck(), tmp_path)
+    found = findings_of(model, "QDQ806", "trt")
+    assert sorted((f.node, f.values["quantize"]) for f in found) == [
+        ("sigmoid", "c_q"), ("silu", "c_q"), ("silu", "s_q")]
+    apply_fix(model, "QDQ806", "trt")
+    nodes = {n.name: n for n in model.graph.nodes}
+    assert nodes["sigmoid"].inputs[0].inputs[0].name == "conv"
+    assert {t.inputs[0].name for t in nodes["silu"].inputs} == {"conv", "sigmoid"}
+    assert not findings_of(model, "QDQ806", "trt")
+    before, after = run_ort(path, FEEDS), fixed_outputs(model, tmp_path)
+    assert np.max(np.abs(before[0] - after[0])) <= 0.1 + 1e-6  # one output step
+
+
+def test_relu_after_a_batchnorm_is_checked_and_an_add_is_not_an_activation(tmp_path):
+    b = GraphBuilder()
+    x = b.input("x", [1, 4, 6, 6])
+    ones, zeros = np.ones(4, np.float32), np.zeros(4, np.float32)
+    bn = b.node("BatchNormalization", [conv(b, b.qdq(x, 0.03), "conv"), *(b.init(f"bn{i}", v) for i, v in
+                                                                           enumerate((ones, zeros, zeros, ones)))])
+    relu = b.node("Relu", [b.qdq(bn, 0.04, name="bn")], name="relu")
+    add = b.node("Add", [b.qdq(conv(b, b.qdq(relu, 0.02), "conv2"), 0.04, name="c2"), b.qdq(x, 0.03)], name="add")
+    b.node("Identity", [add], outputs=["y"])
+    b.output("y", [1, 4, 6, 6])
+    model, _ = load(b, tmp_path)
+    assert [(f.node, f.values["conv"]) for f in findings_of(model, "QDQ806", "trt")] == [("relu", "conv")]
+
+
+def test_residual_after_silu_keeps_the_conv_branch_float_by_default(tmp_path):
+    model, path = load(bottleneck(), tmp_path)
+    assert not findings_of(model, "QDQ803", "trt")  # the SiLU is not recognised through its Q/DQs yet
+    apply_fix(model, "QDQ806", "trt")
+    [finding] = findings_of(model, "QDQ803", "trt")
+    assert finding.values["quantize"] == "branch_q" and finding.values["conv"] == "conv"
+    apply_fix(model, "QDQ803", "trt")
+    add = next(n for n in model.graph.nodes if n.name == "add")
+    assert add.inputs[0].inputs[0].name == "silu" and add.inputs[1].inputs[0].op == "DequantizeLinear"
+    assert not findings_of(model, "QDQ807", "trt")  # the "shared" rule is off in the default mode
+    before, after = run_ort(path, FEEDS), fixed_outputs(model, tmp_path)
+    assert np.max(np.abs(before[0] - after[0])) <= 0.1 + 1e-6  # one output step
+
+
+@pytest.mark.parametrize("branch_qdq", [True, False])
+def test_shared_mode_puts_both_add_inputs_on_the_residual_scale(tmp_path, branch_qdq):
+    rules = shared_trt(tmp_path)
+    model, path = load(bottleneck(branch_qdq), tmp_path)
+    apply_fix(model, "QDQ806", rules)
+    assert not findings_of(model, "QDQ803", "trt") or branch_qdq
+    assert not lint(model, rules.narrowed(select=["QDQ803"])).findings  # shared: the branch Q/DQ stays
+    [finding] = lint(model, rules.narrowed(select=["QDQ807"])).findings
+    assert finding.values["state"] == ("on 0.06" if branch_qdq else "float")
+    [change] = [c for c in apply_fix(model, "QDQ807", rules) if c.code == "QDQ807"]
+    add = next(n for n in model.graph.nodes if n.name == "add")
+    scales = [float(t.inputs[0].inputs[1].values) for t in add.inputs]
+    assert [t.inputs[0].op for t in add.inputs] == ["DequantizeLinear"] * 2 and scales == pytest.approx([0.03, 0.03])
+    assert add.inputs[0].inputs[0].inputs[0].inputs[0].inputs[0].inputs[0].name == "silu"
+    assert not lint(model, rules.narrowed(select=["QDQ807"])).findings
+    before, after = run_ort(path, FEEDS), fixed_outputs(model, tmp_path)
+    assert np.max(np.abs(before[0] - after[0])) <= 0.1 + 1e-6  # one output step
+
+
+def test_the_residual_mode_is_one_parameter_and_a_typo_is_an_error(tmp_path):
+    rules = shared_trt(tmp_path)
+    assert {rules.rules[c].params["residual_after_activation"] for c in ("QDQ803", "QDQ807")} == {"shared"}
+    assert load_target("trt").rules["QDQ807"].params["residual_after_activation"] == "float-branch"
+    path = tmp_path / "typo.toml"
+    path.write_text('extends = "trt"\n[params]\nresidual_after_activation = "Shared"\n')
+    model, _ = load(bottleneck(), tmp_path)
+    with pytest.raises(RuleSetError, match="float-branch"):
+        lint(model, load_rules_file(path))

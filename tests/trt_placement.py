@@ -89,7 +89,7 @@ def violations(model: onnx.ModelProto) -> list[str]:
             problems += _residual_problems(g, node)
         if g.dequantized_bias(node):
             problems.append(f"{node.name}: dequantized bias; TensorRT's parser needs a float constant")
-    return problems
+    return problems + conv_activation_qdq(model)
 
 
 def _residual_problems(g: Graph, add: onnx.NodeProto) -> list[str]:
@@ -117,3 +117,100 @@ def _residual_problems(g: Graph, add: onnx.NodeProto) -> list[str]:
         if g.dequantized_params(tensor) is None:
             problems.append(f"{add.name}: residual input {tensor} is not dequantized")
     return problems
+
+
+# Activations TensorRT fuses into the conv before them (SiLU is Sigmoid + Mul, recognised below).
+ACTIVATIONS = {"Relu", "LeakyRelu", "Clip", "Sigmoid"}
+
+
+def _skip_qdq(g: Graph, tensor: str) -> tuple[str, bool]:
+    """The tensor a Q→DQ pair making `tensor` reads, and whether there was one."""
+    dq = g.made_by(tensor, "DequantizeLinear")
+    q = g.made_by(dq.input[0], "QuantizeLinear") if dq is not None else None
+    return (q.input[0], True) if q is not None else (tensor, False)
+
+
+def _conv_output(g: Graph, tensor: str) -> bool:
+    """Whether `tensor` is a Conv's output, through BatchNormalization."""
+    node = g.producer.get(tensor)
+    while node is not None and node.op_type == "BatchNormalization":
+        node = g.producer.get(node.input[0])
+    return node is not None and node.op_type in ("Conv", "ConvTranspose")
+
+
+def conv_activation_qdq(model: onnx.ModelProto) -> list[str]:
+    """Activations reading a Conv (or its BN) output through a Q/DQ: TensorRT cannot fuse them into the conv."""
+    g = Graph(model)
+    found = []
+    for node in g.graph.node:
+        if node.op_type in ACTIVATIONS or (node.op_type == "Mul" and _silu_input(g, node) is not None):
+            before, through = _skip_qdq(g, node.input[0] if node.op_type != "Mul" else _silu_input(g, node))
+            if through and _conv_output(g, before):
+                found.append(f"{node.name}: a Q/DQ between the conv making {before} and this {node.op_type}")
+    return found
+
+
+def _silu_input(g: Graph, mul: onnx.NodeProto) -> str | None:
+    """The x of a SiLU's Mul(x, Sigmoid(x)) (each side possibly through a Q/DQ), else None."""
+    for a, b in (mul.input, mul.input[::-1]):
+        sigmoid = g.made_by(_skip_qdq(g, b)[0], "Sigmoid")
+        if sigmoid is not None and _skip_qdq(g, sigmoid.input[0])[0] == _skip_qdq(g, a)[0]:
+            return a
+    return None
+
+
+def _activated_conv(g: Graph, tensor: str) -> bool:
+    """Whether `tensor` is an activation (Relu, LeakyRelu, Clip, SiLU) of a Conv (or its BN) output."""
+    node = g.producer.get(tensor)
+    if node is None:
+        return False
+    if node.op_type in ("Relu", "LeakyRelu", "Clip"):
+        return _conv_output(g, _skip_qdq(g, node.input[0])[0])
+    x = _silu_input(g, node) if node.op_type == "Mul" else None
+    return x is not None and _conv_output(g, _skip_qdq(g, x)[0])
+
+
+def _dequantized(g: Graph, tensor: str):
+    """(scale, zero-point) of the DQ making `tensor`; its input names when they are not constants."""
+    dq = g.made_by(tensor, "DequantizeLinear")
+    if dq is None:
+        return None
+    try:
+        return g.params(dq)
+    except KeyError:
+        return tuple(np.array(name) for name in dq.input[1:3])
+
+
+def _only_for(g: Graph, tensor: str) -> bool:
+    """Whether `tensor` (and through a Q/DQ, the Q's input and output) has one consumer: a branch, not a shared input."""
+    before, through = _skip_qdq(g, tensor)
+    path = {tensor, before, g.producer[tensor].input[0]} if through else {tensor}
+    return all(len(g.consumers.get(t, [])) == 1 for t in path)
+
+
+def residual_modes(model: onnx.ModelProto) -> dict[str, str]:
+    """How each Add with an activated conv input is quantized.
+
+    "float-branch": the activated conv input is float and the other input is dequantized (ModelOpt);
+    "shared": both inputs dequantized with one scale and zero-point (NVIDIA's yolov7 QAT rules);
+    otherwise "different-scales", "float-residual" or "float" (neither input dequantized).
+    """
+    g = Graph(model)
+    modes = {}
+    for add in g.graph.node:
+        if add.op_type != "Add" or len(add.input) != 2 or any(t in g.constants for t in add.input):
+            continue
+        sides = [(_activated_conv(g, _skip_qdq(g, t)[0]) and _only_for(g, t), _dequantized(g, t)) for t in add.input]
+        if not any(activated for activated, _ in sides):
+            continue
+        params = [p for _, p in sides]
+        if all(p is not None for p in params):
+            same = all(np.array_equal(a, b) for a, b in zip(params[0], params[1]))
+            modes[add.name] = "shared" if same else "different-scales"
+        elif any(activated and p is None for activated, p in sides) and any(p is not None for p in params):
+            modes[add.name] = "float-branch"
+        elif any(p is not None for p in params):
+            modes[add.name] = "float-residual"
+        else:
+            modes[add.name] = "float"
+    return modes

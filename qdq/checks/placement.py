@@ -1,10 +1,11 @@
-"""QDQ801-803: where Q/DQ sit relative to the ops a target fuses (TensorRT's placement rules).
+"""QDQ801-803, QDQ806-807: where Q/DQ sit relative to the ops a target fuses (TensorRT's placement rules).
 
 TensorRT fuses each DQ into the op that reads it and each Q into the op that writes it, and
 moves DQs forward and Qs backward through ops that commute with them (MaxPool, Reshape, ...).
 So a quantizable op with a float input runs in FP16/FP32; a Conv+Add whose residual input is
 float writes a float output, and the Q after it becomes a separate conversion layer; a Q/DQ
-pair between a Conv and the Add it feeds keeps the two apart. The op lists are parameters.
+pair between a Conv and the Add it feeds, or its activation, keeps the two apart. The op lists
+are parameters.
 """
 
 from __future__ import annotations
@@ -12,8 +13,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Iterable
 
+import numpy as np
 import onnx_graphsurgeon as gs
 
+from qdq.errors import RuleSetError
 from qdq.insertion import (
     describe_quantize,
     existing_quantize,
@@ -28,6 +31,8 @@ from qdq.rule import Change, CheckContext, Finding, FixSafety, Rule, Severity, r
 
 # Ops TensorRT moves Q/DQ through (they commute with quantization); shared by the rules below.
 _TRANSPARENT = ["MaxPool", "Reshape", "Transpose", "Flatten", "Squeeze", "Unsqueeze", "Slice", "Pad", "Concat"]
+# Activations TensorRT fuses into the conv before them; "Sigmoid" also stands for SiLU, Mul(x, Sigmoid(x)).
+_ACTIVATIONS = ["Relu", "LeakyRelu", "Clip", "Sigmoid"]
 
 
 def is_quantized(index: QuantIndex, tensor: gs.Tensor, transparent: Iterable[str]) -> bool:
@@ -146,10 +151,12 @@ def _writes_graph_output(index: QuantIndex, node: gs.Node) -> bool:
 
 @dataclass
 class _Branch:
-    """The fusible side of a residual Add: the weighted op, and any Q/DQ pair between it and the Add."""
+    """The fusible side of a residual Add: the weighted op, any Q/DQ pair between it and the Add,
+    and the activation between them (None for a Conv+Add)."""
 
     producer: gs.Node
     quantize: gs.Node | None = None
+    activation: gs.Node | None = None
 
 
 class _ResidualRule(Rule):
@@ -175,23 +182,40 @@ class _ResidualRule(Rule):
 def _fused_branch(ctx: CheckContext, tensor: gs.Tensor) -> _Branch | None:
     """The weighted op this Add input comes from, if TensorRT can fuse the Add into it.
 
-    Walks back through one Q/DQ pair that serves only this edge and through ops the target folds
-    into the weighted op (`absorbed`, e.g. BatchNormalization); every tensor on the way must have
-    this path as its only consumer.
+    Walks back through one Q/DQ pair that serves only this edge, one activation of the conv
+    (`activations`; ModelOpt counts it in the conv's branch) and ops the target folds into the
+    weighted op (`absorbed`, e.g. BatchNormalization); every tensor on the way must have this
+    path as its only consumer (a SiLU's input: its Sigmoid and Mul).
     """
     index = ctx.index
-    quantize = None
+    quantize = activation = None
     node = _single_producer(index, tensor)
     if node is not None and node.op == DEQUANTIZE:
         before = _single_producer(index, node.inputs[0])
         if before is None or before.op != QUANTIZE:
             return None
         quantize, node = before, _single_producer(index, before.inputs[0])
+    if node is not None and _activation_input(ctx, node) is not None:
+        activation, x = node, _activation_input(ctx, node)
+        node = _single_producer(index, x) if node.op != "Mul" else (
+            x.inputs[0] if len(x.inputs) == 1 and not index.is_graph_output(x) else None)
     while node is not None and node.op in ctx.params["absorbed"]:
         node = _single_producer(index, node.inputs[0])
     if node is None or node.op not in ctx.params["fusible"]:
         return None
-    return _Branch(node, quantize)
+    return _Branch(node, quantize, activation)
+
+
+def _activation_input(ctx: CheckContext, node: gs.Node) -> gs.Tensor | None:
+    """The tensor an activation of `activations` reads; a SiLU is Mul(x, Sigmoid(x)), read as x."""
+    if node.op == "Mul" and "Sigmoid" in ctx.params["activations"]:
+        for x, other in (node.inputs, node.inputs[::-1]):
+            sigmoid = other.inputs[0] if len(other.inputs) == 1 else None
+            if sigmoid is not None and sigmoid.op == "Sigmoid" and sigmoid.inputs[0] is x and \
+                    {id(n) for n in x.outputs} == {id(node), id(sigmoid)} and len(other.outputs) == 1:
+                return x
+        return None
+    return node.inputs[0] if node.op in ctx.params["activations"] and node.inputs else None
 
 
 def _single_producer(index: QuantIndex, tensor: gs.Tensor) -> gs.Node | None:
@@ -238,6 +262,7 @@ class FloatResidual(_ResidualRule):
         "ops": ["Add"],
         "fusible": ["Conv", "ConvTranspose"],
         "absorbed": ["BatchNormalization"],
+        "activations": _ACTIVATIONS,
         "transparent": _TRANSPARENT,
         "calibrated_type": "int8",
     }
@@ -267,7 +292,9 @@ class QdqInFusedBranch(_ResidualRule):
     Why: TensorRT's guide (Figure 9): an extra Q/DQ between Conv and Add "forces the separation
     of the convolution operator from the element-wise addition operator"; both layers and a
     conversion layer run instead of one fused kernel. NVIDIA's placement tools quantize only
-    the residual input of the Add.
+    the residual input of the Add. A conv branch that ends in an activation (Conv→BN→SiLU→Add,
+    YOLO's bottlenecks) is ModelOpt's fusible backbone too; with `residual_after_activation =
+    "shared"` (NVIDIA's yolov7 QAT rules) its Q/DQ stays and QDQ807 gives it the residual's scale.
 
     Example: `Conv → Q → DQ → Add ← DQ ← Q ← x` (onnxruntime's quantizer quantizes every Add
     input). The fix makes the Add read the Conv's float output directly. Approximate: one
@@ -277,11 +304,13 @@ class QdqInFusedBranch(_ResidualRule):
     code = "QDQ803"
     name = "qdq-in-fused-branch"
     message = "{node}: {quantize} between {conv} and {node} keeps them from fusing"
-    parameters = {"ops": ["Add"], "fusible": ["Conv", "ConvTranspose"], "absorbed": ["BatchNormalization"]}
+    parameters = {"ops": ["Add"], "fusible": ["Conv", "ConvTranspose"], "absorbed": ["BatchNormalization"],
+                  "activations": _ACTIVATIONS, "residual_after_activation": "float-branch"}
 
     def check(self, ctx: CheckContext) -> Iterable[Finding]:
+        shared = _residual_mode(ctx) == "shared"
         for node, slot, branch in self.residual_adds(ctx):
-            if branch.quantize is not None:
+            if branch.quantize is not None and not (shared and branch.activation is not None):
                 yield self.finding(ctx, node, [branch.quantize.outputs[0]], subject=(node, slot, branch.quantize),
                                    quantize=branch.quantize.name, conv=branch.producer.name,
                                    standalone=[branch.quantize.name])
@@ -292,3 +321,134 @@ class QdqInFusedBranch(_ResidualRule):
         node.inputs[slot] = before
         return [Change(self.code, node.name, before.name, f"Q/DQ ({describe_quantize(quantize)})", "float",
                        f"removed {quantize.name} and its DQ so the Conv and the Add fuse")]
+
+
+def _before_qdq(tensor: gs.Tensor) -> tuple[gs.Tensor, gs.Node | None]:
+    """The tensor a Q→DQ pair making `tensor` reads, and that Q (else `tensor` itself and None)."""
+    dequantize = tensor.inputs[0] if len(tensor.inputs) == 1 else None
+    if dequantize is None or dequantize.op != DEQUANTIZE or len(dequantize.inputs[0].inputs) != 1:
+        return tensor, None
+    quantize = dequantize.inputs[0].inputs[0]
+    return (quantize.inputs[0], quantize) if quantize.op == QUANTIZE else (tensor, None)
+
+
+def _conv_output(ctx: CheckContext, tensor: gs.Tensor) -> gs.Node | None:
+    """The `fusible` op making `tensor`, through `absorbed` ops (BatchNormalization)."""
+    node = tensor.inputs[0] if len(tensor.inputs) == 1 else None
+    while node is not None and node.op in ctx.params["absorbed"]:
+        node = node.inputs[0].inputs[0] if len(node.inputs[0].inputs) == 1 else None
+    return node if node is not None and node.op in ctx.params["fusible"] else None
+
+
+def _activation_reads(ctx: CheckContext, node: gs.Node) -> Iterable[tuple[int, gs.Tensor, gs.Node, gs.Node]]:
+    """(slot, float tensor, Q, conv) for each input of a conv's activation that goes through a Q/DQ:
+    the activation's input, and in a SiLU both the Mul's x and its Sigmoid output."""
+    if node.op in ctx.params["activations"] and node.inputs:
+        source, quantize = _before_qdq(node.inputs[0])
+        conv = _conv_output(ctx, source)
+        if quantize is not None and conv is not None:
+            yield 0, source, quantize, conv
+    if node.op != "Mul" or "Sigmoid" not in ctx.params["activations"] or len(node.inputs) != 2:
+        return
+    (a, qa), (b, qb) = (_before_qdq(t) for t in node.inputs)
+    for slot, (mine, quantize), other in ((0, (a, qa), b), (1, (b, qb), a)):
+        sigmoid = next((t.inputs[0] for t in (mine, other) if len(t.inputs) == 1 and t.inputs[0].op == "Sigmoid"), None)
+        x = other if mine is (sigmoid.outputs[0] if sigmoid else None) else mine
+        conv = _conv_output(ctx, x) if sigmoid is not None and _before_qdq(sigmoid.inputs[0])[0] is x else None
+        if quantize is not None and conv is not None:
+            yield slot, mine, quantize, conv
+
+
+@register
+class QdqBeforeActivation(Rule):
+    """No Q/DQ pair between a Conv (or its BatchNormalization) and the activation that follows it.
+
+    Why: TensorRT fuses Conv+BN+activation into one kernel that applies the activation to the
+    unquantized accumulator; a Q/DQ in between makes the Conv write INT8 and the activation run
+    as a separate layer (TensorRT guide §7.4.4; ModelOpt keeps Conv-Sigmoid-Mul in one
+    partition). In a SiLU, Mul(x, Sigmoid(x)), no input of the Sigmoid or the Mul is quantized.
+
+    Example: `Conv → Q → DQ → Sigmoid → Q → DQ → Mul` (onnxruntime's quantizer quantizes every
+    activation). The fix makes the Sigmoid and the Mul read the Conv output and the Sigmoid
+    output directly. Approximate: the roundings TensorRT's fused kernel does not do are gone.
+    """
+
+    code = "QDQ806"
+    name = "qdq-before-activation"
+    message = "{node}: {quantize} between {conv} and this {op} keeps the activation out of the conv"
+    severity = Severity.WARNING
+    fix_safety = FixSafety.APPROXIMATE
+    parameters = {"fusible": ["Conv", "ConvTranspose"], "absorbed": ["BatchNormalization"], "activations": _ACTIVATIONS}
+
+    def check(self, ctx: CheckContext) -> Iterable[Finding]:
+        for node in ctx.graph.nodes:
+            for slot, source, quantize, conv in _activation_reads(ctx, node):
+                yield self.finding(ctx, node, [quantize.outputs[0]], subject=(node, slot, source, quantize),
+                                   quantize=quantize.name, conv=conv.name, op=node.op, standalone=[quantize.name])
+
+    def fix(self, ctx: CheckContext, finding: Finding) -> list[Change]:
+        node, slot, source, quantize = finding.subject
+        node.inputs[slot] = source
+        return [Change(self.code, node.name, source.name, f"Q/DQ ({describe_quantize(quantize)})", "float",
+                       f"removed {quantize.name} and its DQ so the activation fuses into the conv")]
+
+
+@register
+class UnsharedActivatedResidual(_ResidualRule):
+    """With `residual_after_activation = "shared"`: both inputs of an Add after a conv's activation on one scale.
+
+    Why: NVIDIA's yolov7 QAT rules (yolo_deepstream `QuantAdd`) quantize both inputs of a
+    bottleneck's Add with one quantizer, the residual's, so the Add reads one INT8 grid and
+    needs no requantize. ModelOpt instead leaves the conv branch float (QDQ803, the default):
+    which of the two TensorRT runs faster is not documented, so the rule set chooses.
+
+    Example: `Conv → BN → SiLU → Q(s1) → DQ → Add ← DQ ← Q(s2) ← x`. The fix quantizes the
+    SiLU output with the residual's scale and zero-point (data-free). Approximate: the conv
+    branch is rounded to the residual's grid.
+    """
+
+    code = "QDQ807"
+    name = "unshared-activated-residual"
+    message = "{node}: the activated conv input {branch} is {state}, not on the residual's scale ({residual})"
+    parameters = {"ops": ["Add"], "fusible": ["Conv", "ConvTranspose"], "absorbed": ["BatchNormalization"],
+                  "activations": _ACTIVATIONS, "residual_after_activation": "float-branch"}
+
+    def check(self, ctx: CheckContext) -> Iterable[Finding]:
+        if _residual_mode(ctx) != "shared":
+            return
+        for node, slot, branch in self.residual_adds(ctx):
+            residual = node.inputs[1 - slot]
+            dequantize = residual.inputs[0] if len(residual.inputs) == 1 else None
+            if branch.activation is None or dequantize is None or dequantize.op != DEQUANTIZE:
+                continue  # QDQ802 quantizes a float residual first
+            if branch.quantize is not None and _same_params(branch.quantize, dequantize):
+                continue
+            state = "float" if branch.quantize is None else f"on {describe_quantize(branch.quantize)}"
+            yield self.finding(ctx, node, [node.inputs[slot]], subject=(node, slot, dequantize),
+                               branch=node.inputs[slot].name, state=state, residual=describe_quantize(dequantize))
+
+    def fix(self, ctx: CheckContext, finding: Finding) -> list[Change]:
+        node, slot, residual = finding.subject
+        tensor = _before_qdq(node.inputs[slot])[0]
+        zero_point = residual.inputs[2] if len(residual.inputs) > 2 else None
+        dtype = zero_point.values.dtype if isinstance(zero_point, gs.Constant) else np.uint8  # ONNX's default
+        out = gs.Variable(ctx.new_name(f"{tensor.name}_quantized"), dtype=dtype, shape=tensor.shape)
+        quantize = gs.Node(QUANTIZE, ctx.new_name(f"{tensor.name}_QuantizeLinear"),
+                           inputs=[tensor, *residual.inputs[1:]], outputs=[out])
+        ctx.graph.nodes.append(quantize)
+        reason = "quantized with the residual's scale, as NVIDIA's yolov7 QAT rules do"
+        return [read_through(ctx, node, slot, quantize, self.code, reason)]
+
+
+def _residual_mode(ctx: CheckContext) -> str:
+    mode = ctx.params["residual_after_activation"]
+    if mode not in ("float-branch", "shared"):
+        raise RuleSetError(f"residual_after_activation must be \"float-branch\" or \"shared\", got {mode!r}")
+    return mode
+
+
+def _same_params(quantize: gs.Node, dequantize: gs.Node) -> bool:
+    """Whether a Q and a DQ use equal constant scales and zero-points."""
+    pairs = zip(quantize.inputs[1:3], dequantize.inputs[1:3])
+    return all(isinstance(a, gs.Constant) and isinstance(b, gs.Constant) and np.array_equal(a.values, b.values)
+               for a, b in pairs) and len(quantize.inputs) == len(dequantize.inputs)
