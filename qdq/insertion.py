@@ -119,19 +119,28 @@ def quantized_weight(ctx: CheckContext, consumer: gs.Node, slot: int, axis: int,
     q = np.clip(np.rint(values / scale.reshape(shape)), -127, 127)
     back = q * scale.reshape(shape)
     noise, signal = float(np.sum((values - back) ** 2)), float(np.sum(values**2))
-    integers = ctx.model.new_constant(ctx.new_name(f"{weight.name}_quantized"), q.astype(np.int8))
-    out = gs.Variable(ctx.new_name(f"{weight.name}_dequantized"), dtype=weight.dtype, shape=list(values.shape))
-    dequantize = gs.Node(DEQUANTIZE, ctx.new_name(f"{weight.name}_DequantizeLinear"), attrs={"axis": axis}, inputs=[
-        integers,
-        gs.Constant(ctx.new_name(f"{weight.name}_scale"), scale),
-        gs.Constant(ctx.new_name(f"{weight.name}_zero_point"), np.zeros(scale.size, dtype=np.int8)),
-    ], outputs=[out])
-    ctx.graph.nodes.append(dequantize)
-    consumer.inputs[slot] = out
+    read_dequantized(ctx, consumer, slot, q.astype(np.int8), scale, axis)
     sqnr = round(10 * np.log10(signal / noise), 2) if noise > 0 and signal > 0 else float("inf")
     return Change(code, consumer.name, weight.name, "float", f"int8 per-channel (axis {axis})",
                   f"weight quantized from its own values, max-abs per output channel (SQNR {sqnr} dB)",
                   {"elements": int(values.size), "sqnr_db": sqnr})
+
+
+def read_dequantized(ctx: CheckContext, consumer: gs.Node, slot: int, integers: np.ndarray, scale: np.ndarray,
+                     axis: int) -> None:
+    """Point input `slot` of `consumer` (a float constant) at a new DQ of `integers` (zero-point 0).
+
+    `scale` has the constant's float type: 0-d (per tensor), or one element per index of `axis`.
+    """
+    constant = consumer.inputs[slot]
+    out = gs.Variable(ctx.new_name(f"{constant.name}_dequantized"), dtype=constant.dtype, shape=list(integers.shape))
+    dequantize = gs.Node(DEQUANTIZE, ctx.new_name(f"{constant.name}_DequantizeLinear"), attrs={"axis": axis}, inputs=[
+        ctx.model.new_constant(ctx.new_name(f"{constant.name}_quantized"), integers),
+        gs.Constant(ctx.new_name(f"{constant.name}_scale"), scale),
+        gs.Constant(ctx.new_name(f"{constant.name}_zero_point"), np.zeros(scale.shape, dtype=integers.dtype)),
+    ], outputs=[out])
+    ctx.graph.nodes.append(dequantize)
+    consumer.inputs[slot] = out
 
 
 def describe_quantize(quantize: gs.Node) -> str:

@@ -51,6 +51,7 @@ from qdq.fx import (  # noqa: E402
     symmetric_int8_qconfig_mapping,
     tqt_pow2_qconfig_mapping,
 )
+from qdq.operands import BIAS, role  # noqa: E402
 from qdq.quant_index import QuantIndex  # noqa: E402
 
 
@@ -106,8 +107,12 @@ def train(model: nn.Module, steps: int, seed: int) -> None:
 
 
 def scales(path: Path) -> dict[str, np.ndarray]:
-    """Q/DQ node name → scale as float32 (the fix writes scalars where the exporter wrote shape [1])."""
-    return {p.node.name: p.scale.astype(np.float32).ravel() for p in QuantIndex(load_model(path)).all_params()}
+    """Q/DQ node name → scale as float32 (the fix writes scalars where the exporter wrote shape [1]).
+
+    Bias DQs (the npu fix's QDQ610 quantizes FX's float biases) have no fake-quant and are left out."""
+    index = QuantIndex(load_model(path))
+    return {p.node.name: p.scale.astype(np.float32).ravel() for p in index.all_params()
+            if role(index, index.qtensor_of(p.node)) != BIAS}
 
 
 def export_fix_load(mapping, folder: Path):

@@ -175,3 +175,23 @@ class InOutScaleMismatch(_SharedScale):
             output = output_value(ctx.index, node, ctx.params["output_through"], ctx.params["output_through_mul"])
             if source is not None and output is not None and source is not output:
                 yield node, [source, output]
+
+
+@register
+class ReshapeScaleMismatch(InOutScaleMismatch):
+    """Reshape-like ops (Reshape, Flatten, Squeeze, Unsqueeze, Transpose) should keep their input's scale.
+
+    Why: these ops move bytes without computing, so an output position different from the
+    input's is a requantize the target must add. The AMD NPU
+    compiler accepts it (a Vitis AI–compiled MobileNetV2 with a Flatten from 2^-4 to 2^-5 ran 347
+    of its 349 nodes on the DPU), unlike a pool or a Concat with mismatched positions (QDQ401,
+    QDQ402), so this is its own rule with its own severity: a rule set lists these ops here
+    instead of under QDQ402.
+
+    Example: `DQ(s=2^-4) → Flatten → Q(s=2^-5)`. The fix sets both to the coarser 2^-4
+    (parameter `prefer`; `"output"` keeps the output's). Approximate.
+    """
+
+    code = "QDQ403"
+    name = "reshape-scale-mismatch"
+    parameters = {**InOutScaleMismatch.parameters, "ops": ["Reshape", "Flatten", "Squeeze", "Unsqueeze", "Transpose"]}

@@ -1,5 +1,6 @@
 """Biases: QDQ606, an integer bias must be quantized at exactly input scale × weight scale;
-QDQ609, a target that quantizes the bias itself (TensorRT) takes it as a float constant.
+QDQ609, a target that quantizes the bias itself (TensorRT) takes it as a float constant;
+QDQ610, a target with an integer-only datapath (the NPU) needs it quantized.
 
 Integer kernels (QLinearConv, the NPU's accumulator) add the bias to the int32 accumulator, whose
 scale is `s_in · s_w`. A bias at any other scale is either rescaled at run time or, worse, added
@@ -17,10 +18,11 @@ import onnx_graphsurgeon as gs
 from onnx import helper, numpy_helper, shape_inference
 from onnx_graphsurgeon.exporters.onnx_exporter import OnnxExporter
 
-from qdq.dtypes import type_name
+from qdq.dtypes import quant_type, type_name
+from qdq.insertion import float_type, read_dequantized
 from qdq.operands import BIAS_INPUT, WEIGHT_INPUT, input_value
-from qdq.quant_index import PER_TENSOR, QuantIndex, QTensor
-from qdq.requantize import describe, set_params
+from qdq.quant_index import PER_TENSOR, QuantIndex, QTensor, resolve_constant, source_values
+from qdq.requantize import _quantize, _sentence, describe, set_params
 from qdq.rule import Change, CheckContext, Finding, FixSafety, Rule, Severity, register
 
 log = logging.getLogger("qdq")
@@ -98,17 +100,90 @@ def _private(ctx: CheckContext, node: gs.Node, bias: QTensor) -> QTensor:
 
 def _operands(ctx: CheckContext, node) -> tuple[QTensor, np.ndarray, int] | None:
     """The bias value, the scale it must have (float32 product, as runtimes compute it) and its axis."""
-    index: QuantIndex = ctx.index
-    bias = input_value(index, node, BIAS_INPUT[node.op]) if node.op in BIAS_INPUT else None
+    bias = input_value(ctx.index, node, BIAS_INPUT[node.op]) if node.op in BIAS_INPUT else None
+    expected = _accumulator_scale(ctx.index, node)
+    if bias is None or expected is None:
+        return None
+    return bias, expected, 0
+
+
+def _accumulator_scale(index: QuantIndex, node: gs.Node) -> np.ndarray | None:
+    """Input scale × weight scale (one per output channel if the weight has them), if both are constant."""
     data = input_value(index, node, 0)
     weight = input_value(index, node, WEIGHT_INPUT[node.op]) if node.op in WEIGHT_INPUT else None
-    if bias is None or data is None or weight is None:
+    if data is None or weight is None:
         return None
     p_in, p_w = index.params(data.nodes[0]), index.params(weight.nodes[0])
     if p_in.dynamic or p_w.dynamic or p_in.granularity != PER_TENSOR or p_w.block_size:
         return None
-    expected = (np.float32(p_in.scale.ravel()[0]) * p_w.scale.ravel().astype(np.float32)).astype(np.float64)
-    return bias, expected, 0
+    return (np.float32(p_in.scale.ravel()[0]) * p_w.scale.ravel().astype(np.float32)).astype(np.float64)
+
+
+@register
+class FloatBias(Rule):
+    """A Conv, ConvTranspose or Gemm with quantized input and weight must have a quantized bias.
+
+    Why: the NPU (DPU) adds the bias to its integer accumulator; it has no float datapath, so
+    a float bias (PyTorch FX and PT2E exports, NNCF) leaves the op without the fix-point bias the
+    compiler needs. TensorRT and onnxruntime quantize a float bias themselves: their rule sets
+    leave this rule off (TensorRT's QDQ609 asks for the opposite).
+
+    Example: `Conv(DQ(x, 2^-5), DQ(w, 2^-7), b_float)`. The fix replaces `b` by int32 integers
+    behind a DequantizeLinear at the accumulator's scale, input × weight = 2^-12 (per output
+    channel if the weight is), the catalogue's `bpos = ipos + wpos` for int32 biases, so
+    shift_bias is 0 and QDQ606 holds. Round half to even; saturated and zeroed values and the
+    SQNR are reported. Approximate: each bias moves by at most half an accumulator step.
+    """
+
+    code = "QDQ610"
+    name = "float-bias"
+    message = "{node}: bias {tensor} is float; input and weight are quantized ({scale} × {weight_scale})"
+    severity = Severity.ERROR
+    fix_safety = FixSafety.APPROXIMATE
+    parameters = {"ops": ["Conv", "ConvTranspose", "Gemm"]}
+
+    def check(self, ctx: CheckContext) -> Iterable[Finding]:
+        ops = set(ctx.params["ops"])
+        for node in ctx.graph.nodes:
+            if node.op not in ops:
+                continue
+            slot = BIAS_INPUT[node.op]
+            if slot >= len(node.inputs) or node.inputs[slot].name == "":
+                continue
+            if input_value(ctx.index, node, slot) is not None:
+                continue  # quantized: QDQ605 and QDQ606 check it
+            data = input_value(ctx.index, node, 0)
+            weight = input_value(ctx.index, node, WEIGHT_INPUT[node.op])
+            if data is None or weight is None:
+                continue
+            p_in, p_w = ctx.index.params(data.nodes[0]), ctx.index.params(weight.nodes[0])
+            tensor = node.inputs[slot].name
+            yield self.finding(ctx, node, [tensor], subject=node, fixable=_float_bias(ctx, node) is not None,
+                               tensor=tensor, scale=describe(p_in.scale, p_in.zero_point),
+                               weight_scale=describe(p_w.scale, p_w.zero_point))
+
+    def fix(self, ctx: CheckContext, finding: Finding) -> list[Change]:
+        node = finding.subject
+        values, scale = _float_bias(ctx, node)
+        slot = BIAS_INPUT[node.op]
+        bias = node.inputs[slot]
+        int32 = quant_type(onnx.TensorProto.INT32)
+        integers, cost = _quantize(lambda rows: values[rows], values.shape, scale, np.zeros(scale.shape), 0, int32,
+                                   np.dtype(np.int32))
+        stored = scale.astype(float_type(bias))
+        read_dequantized(ctx, node, slot, integers, stored if stored.size > 1 else stored.reshape(()), 0)
+        return [Change(self.code, node.name, bias.name, "float", f"int32 at {describe(scale, np.zeros(1))}",
+                       _sentence(f"{node.name}: bias quantized at input × weight scale", cost), cost)]
+
+
+def _float_bias(ctx: CheckContext, node: gs.Node) -> tuple[np.ndarray, np.ndarray] | None:
+    """A float bias's values (a constant vector, one per output channel) and the accumulator scale, if both known."""
+    source = resolve_constant(node.inputs[BIAS_INPUT[node.op]])
+    scale = _accumulator_scale(ctx.index, node)
+    if source is None or scale is None:
+        return None
+    values = source_values(ctx.model, source).astype(np.float64)
+    return (values, scale) if values.ndim == 1 and scale.size in (1, values.size) else None
 
 
 @register

@@ -23,6 +23,7 @@ from qdq.errors import QdqError
 from qdq.fx.export import qdq_scopes
 from qdq.fx.tqt import TQTFakeQuantize
 from qdq.model import Model, load_model
+from qdq.operands import BIAS, role
 from qdq.quant_index import QuantIndex
 
 
@@ -97,12 +98,16 @@ def load_scales(prepared: torch.nn.Module, fixed_onnx: str | Path | Model) -> Lo
 
 
 def _one_per_tensor(index: QuantIndex):
-    """The QParams of each Q, and of each DQ whose Q is gone (a stored int8 weight); the Q's DQ repeats it."""
+    """The QParams of each Q, and of each DQ whose Q is gone (a stored int8 weight); the Q's DQ repeats it.
+
+    Bias DQs (QDQ610's int32 biases for the NPU) are left out: FX keeps biases float, with no
+    fake-quant to load into; the next export has them float again.
+    """
     quantized_scopes = {q.name.rpartition("/")[0] for q in index.quantizes}
     for node in index.quantizes:
         yield index.params(node)
     for node in index.dequantizes:
-        if node.name.rpartition("/")[0] not in quantized_scopes:
+        if node.name.rpartition("/")[0] not in quantized_scopes and role(index, index.qtensor_of(node)) != BIAS:
             yield index.params(node)
 
 
