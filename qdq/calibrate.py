@@ -21,8 +21,8 @@ log = logging.getLogger("qdq")
 _FLOAT_TYPES = {TensorProto.FLOAT, TensorProto.FLOAT16, TensorProto.DOUBLE, TensorProto.BFLOAT16}
 
 
-def tensor_ranges(model_path: Path, feeds: dict[str, np.ndarray]) -> dict[str, tuple[float, float]]:
-    """The (min, max) of the graph's float inputs and of every float tensor its nodes compute."""
+def tensor_ranges(model_path: Path, *samples: dict[str, np.ndarray]) -> dict[str, tuple[float, float]]:
+    """The (min, max) over `samples` (feeds) of the graph's float inputs and every float tensor its nodes compute."""
     import onnxruntime as ort  # imported here: linting never needs it
 
     proto = onnx.load(str(model_path))
@@ -36,19 +36,22 @@ def tensor_ranges(model_path: Path, feeds: dict[str, np.ndarray]) -> dict[str, t
     options = ort.SessionOptions()
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
     options.log_severity_level = 4
+    ranges: dict[str, tuple[float, float]] = {}
     try:
         session = ort.InferenceSession(proto.SerializeToString(), options, providers=["CPUExecutionProvider"])
         names = [o.name for o in session.get_outputs()]
-        results = session.run(names, {i.name: feeds[i.name] for i in session.get_inputs()})
+        for feeds in samples:  # one at a time: only the ranges are kept
+            results = session.run(names, {i.name: feeds[i.name] for i in session.get_inputs()})
+            for name, value in [*feeds.items(), *zip(names, results)]:
+                if isinstance(value, np.ndarray) and value.dtype.kind in "fiu" and value.size:
+                    low, high = _range(value)
+                    old = ranges.get(name, (low, high))
+                    ranges[name] = (min(old[0], low), max(old[1], high))
     except ValueError as exc:  # protobuf refuses to serialise a model over 2 GiB
         raise QdqError(f"{model_path}: cannot calibrate: {exc}") from None
     except Exception as exc:
         first = (str(exc).strip().splitlines() or [""])[0]
         raise QdqError(f"{model_path}: onnxruntime failed to run the model for calibration: {first}") from None
-    ranges = {name: _range(feeds[name]) for name in feeds}
-    for name, value in zip(names, results):
-        if isinstance(value, np.ndarray) and value.dtype.kind == "f" and value.size:
-            ranges[name] = _range(value)
     log.info("calibration: measured %d tensors", len(ranges))
     return ranges
 

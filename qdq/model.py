@@ -192,14 +192,7 @@ def save_model(
     protected = [f for f in model.input_files if not (in_place and same_file(Path(f), model.path))]
     check_writable(out_path, inputs=protected)
     progress.step(f"writing {out_path.name}")
-    _settle_element_types(model.graph)
-    _pack_low_bit_constants(model.graph)
-    with gc_paused():
-        proto = gs.export_onnx(model.graph)
-    proto.ir_version = model.proto.ir_version
-    proto.producer_name = model.proto.producer_name or proto.producer_name
-    del proto.metadata_props[:]
-    proto.metadata_props.extend(model.proto.metadata_props)
+    proto = to_proto(model)
     tensors = list(_all_tensor_protos(proto.graph))
     created: list[Path] = []
     try:
@@ -214,6 +207,19 @@ def save_model(
         if isinstance(exc, OSError):
             raise OutputError(f"{out_path}: cannot write: {exc.strerror or exc}") from None
         raise
+
+
+def to_proto(model: Model) -> onnx.ModelProto:
+    """The model as an ONNX protobuf with the input's IR version and metadata (what `save_model` writes)."""
+    _settle_element_types(model.graph)
+    _pack_low_bit_constants(model.graph)
+    with gc_paused():
+        proto = gs.export_onnx(model.graph)
+    proto.ir_version = model.proto.ir_version
+    proto.producer_name = model.proto.producer_name or proto.producer_name
+    del proto.metadata_props[:]
+    proto.metadata_props.extend(model.proto.metadata_props)
+    return proto
 
 
 def _settle_element_types(graph: gs.Graph) -> None:

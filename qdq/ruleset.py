@@ -18,7 +18,7 @@ from qdq.errors import RuleSetError
 from qdq.rule import Rule, Severity, all_rules
 
 _RULE_KEYS = {"enabled", "severity", "effect", "reformats"}
-_SET_KEYS = {"name", "description", "extends", "params", "rules", "select", "ignore", "fix-order"}
+_SET_KEYS = {"name", "description", "extends", "params", "rules", "select", "ignore", "fix-order", "search"}
 
 
 @dataclass
@@ -47,6 +47,8 @@ class RuleSet:
     params: dict[str, Any] = field(default_factory=dict)
     # Code prefixes in the order `qdq fix` applies them (a target's pass order); the rest follow by code.
     fix_order: list[str] = field(default_factory=list)
+    # [search]: how `qdq fix --calibrate` refines power-of-two positions on data (`qdq.exponent_search`).
+    search: dict[str, Any] = field(default_factory=dict)
 
     def enabled(self) -> list[tuple[Rule, RuleConfig]]:
         """Instances of the enabled rules, in code order."""
@@ -79,7 +81,7 @@ class RuleSet:
             if any(code.startswith(s) for s in ignore) or "ALL" in ignore:
                 on = False
             rules[code] = RuleConfig(code, on, cfg.severity, cfg.params, cfg.effect, cfg.reformats)
-        return RuleSet(self.name, self.description, rules, self.sources, self.params, self.fix_order)
+        return RuleSet(self.name, self.description, rules, self.sources, self.params, self.fix_order, self.search)
 
 
 def builtin_rules_dir() -> Path:
@@ -199,7 +201,11 @@ def _merge(base: RuleSet, data: dict, path: Path) -> RuleSet:
     name = data.get("name") or path.stem
     description = data.get("description", base.description)
     fix_order = _str_list(data, "fix-order", path) if "fix-order" in data else base.fix_order
-    return RuleSet(str(name), str(description), rules, base.sources + [str(path)], inherited, fix_order)
+    search = data.get("search", {})
+    if not isinstance(search, dict):
+        raise RuleSetError(f"{path}: [search] must be a table")
+    return RuleSet(str(name), str(description), rules, base.sources + [str(path)], inherited, fix_order,
+                   {**base.search, **search})
 
 
 def _typed_params(rule: type[Rule], values: dict, path: Path, strict: bool) -> dict[str, Any]:

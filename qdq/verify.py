@@ -196,8 +196,38 @@ def _check_shapes(inputs: list[onnx.ValueInfoProto], shapes: dict[str, tuple[int
 def load_inputs(npz_path: Path, model_path: Path) -> dict[str, np.ndarray]:
     """The arrays of an .npz file, checked against the model's graph inputs (names, dtypes, ranks)."""
     npz_path, model_path = Path(npz_path), Path(model_path)
+    return _checked(_read_npz(npz_path), _graph_inputs(_load_graph(model_path)), npz_path, model_path)
+
+
+def load_samples(npz_path: Path, model_path: Path) -> list[dict[str, np.ndarray]]:
+    """The samples of an .npz file, as feeds: calibration sets hold N samples, models often a batch of 1.
+
+    Where an input's batch axis is fixed at 1 and its array has N there, axis 0 is the sample
+    axis and each sample is fed alone; an input with a dynamic batch takes all N in one run.
+    """
+    npz_path, model_path = Path(npz_path), Path(model_path)
     arrays = _read_npz(npz_path)
     inputs = _graph_inputs(_load_graph(model_path))
+    counts = {a.shape[0] for a in (arrays.get(i.name) for i in inputs if _batch_of_one(i))
+              if a is not None and a.ndim and a.shape[0] != 1}
+    if len(counts) > 1:
+        raise QdqError(f"{npz_path}: inputs with a batch of 1 hold different sample counts {sorted(counts)} on axis 0")
+    if not counts:
+        return [_checked(arrays, inputs, npz_path, model_path)]
+    one = {i.name for i in inputs if _batch_of_one(i)}
+    return [_checked({k: a[n:n + 1] if k in one else a for k, a in arrays.items()}, inputs, npz_path, model_path)
+            for n in range(counts.pop())]
+
+
+def _batch_of_one(value: onnx.ValueInfoProto) -> bool:
+    dims = value.type.tensor_type.shape.dim if value.type.HasField("tensor_type") else []
+    return bool(dims) and dims[0].HasField("dim_value") and dims[0].dim_value == 1
+
+
+def _checked(
+    arrays: dict[str, np.ndarray], inputs: list[onnx.ValueInfoProto], npz_path: Path, model_path: Path
+) -> dict[str, np.ndarray]:
+    """`arrays` by graph input, after checking names, dtypes and shapes against the inputs."""
     expected = {i.name for i in inputs}
     missing = [i.name for i in inputs if i.name not in arrays]
     extra = sorted(set(arrays) - expected)
@@ -262,13 +292,17 @@ def _read_npz(path: Path) -> dict[str, np.ndarray]:
 def compare(
     reference: Path,
     candidate: Path,
-    feeds: dict[str, np.ndarray],
+    feeds: dict[str, np.ndarray] | list[dict[str, np.ndarray]],
     atol: float = 1e-4,
     rtol: float = 1e-3,
     min_sqnr: float | None = None,
     inputs_label: str = "",
 ) -> VerifyResult:
-    """Run both models on `feeds` and compare their outputs by name."""
+    """Run both models on `feeds` (or on each of a list of samples, `load_samples`) and compare their outputs by name.
+
+    Over several samples each output is compared as the samples' outputs concatenated on axis 0.
+    """
+    samples = [feeds] if isinstance(feeds, dict) else feeds
     reference, candidate = Path(reference), Path(candidate)
     ref_session = _session(reference)
     try:
@@ -287,14 +321,14 @@ def compare(
             parts.append(f"only in {candidate}: {', '.join(only_cand)}")
         raise CandidateFailed(f"the models have different outputs ({'; '.join(parts)})")
     try:
-        ref_out = dict(zip(ref_names, _run(ref_session, reference, feeds)))
+        ref_out = _run_all(ref_session, reference, ref_names, samples)
     except _RunFailed as exc:
         # The reference itself cannot run on these inputs (a declared -1 dimension, a shape check
         # only made at run time): nothing qdq did is at fault, and there is nothing to compare with.
         where = f" on {inputs_label}" if inputs_label else ""
         raise UnfeedableInput(reference, f"onnxruntime cannot run the model{where} ({exc.detail}); give --inputs") from None
     try:
-        cand_out = dict(zip(cand_names, _run(cand_session, candidate, feeds)))
+        cand_out = _run_all(cand_session, candidate, cand_names, samples)
     except _RunFailed as exc:
         raise CandidateFailed(str(exc)) from None
     result = VerifyResult(
@@ -373,6 +407,15 @@ def _session(path: Path):
         return ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
     except Exception as exc:
         raise QdqError(f"{path}: onnxruntime cannot load the model: {_first_line(exc)}") from None
+
+
+def _run_all(session, path: Path, names: list[str], samples: list[dict[str, np.ndarray]]) -> dict[str, object]:
+    """Each output by name; over several samples, their tensors concatenated on axis 0."""
+    runs = [_run(session, path, feeds) for feeds in samples]
+    if len(runs) == 1:
+        return dict(zip(names, runs[0]))
+    return {name: np.concatenate([np.atleast_1d(_as_array(run[i], name, path)) for run in runs])
+            for i, name in enumerate(names)}
 
 
 def _run(session, path: Path, feeds: dict[str, np.ndarray]) -> list:

@@ -12,7 +12,7 @@ from qdq.errors import QdqError
 from qdq.files import atomic_write_text, check_writable
 from qdq.model import Model, load_model
 from qdq.rule import Severity
-from qdq.verify import check_input_shapes, load_inputs, make_inputs
+from qdq.verify import check_input_shapes, load_samples, make_inputs
 from qdq.ruleset import ProjectConfig, RuleSet, builtin_targets, find_project_config, load_rules_file, load_target
 
 log = logging.getLogger("qdq")
@@ -119,7 +119,8 @@ def add_input_args(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("inputs")
     source = group.add_mutually_exclusive_group()
     source.add_argument(
-        "--inputs", type=Path, metavar="FILE.npz", help="input values, one array per graph input name (numpy.savez)"
+        "--inputs", type=Path, metavar="FILE.npz",
+        help="input values, one array per graph input name (numpy.savez); a leading sample axis holds N samples"
     )
     source.add_argument("--seed", type=int, default=0, metavar="N", help="seed for random inputs (default: 0)")
     group.add_argument(
@@ -128,7 +129,7 @@ def add_input_args(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def input_feeds(args: argparse.Namespace, reference: Path) -> Callable[[Path], tuple[dict, str]]:
+def input_feeds(args: argparse.Namespace, reference: Path) -> Callable[[Path], tuple[dict | list[dict], str]]:
     """The inputs chosen by `add_input_args` to compare a candidate with `reference`: a function of the
     candidate that gives the feeds and a label for the report.
 
@@ -140,7 +141,7 @@ def input_feeds(args: argparse.Namespace, reference: Path) -> Callable[[Path], t
     if args.inputs is not None:
         if args.input_shape:
             raise UsageError("--input-shape applies to random inputs only; the shapes of --inputs come from the file")
-        given = load_inputs(args.inputs, reference), str(args.inputs)
+        given = load_samples(args.inputs, reference), str(args.inputs)
         return lambda candidate: given
     shapes = parse_input_shapes(args.input_shape)
     check_input_shapes(reference, shapes)

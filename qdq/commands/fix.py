@@ -25,13 +25,14 @@ from qdq.commands.args import (
 )
 from qdq.calibrate import tensor_ranges
 from qdq.errors import InvalidOutputError
+from qdq.exponent_search import search_exponents, search_settings
 from qdq.files import atomic_write_text, check_writable
 from qdq.fix import DEFAULT_MAX_ROUNDS, FixResult, fix
 from qdq.model import Model, save_model
 from qdq.reports import fix as fix_report
 from qdq.reports.json import dumps
 from qdq.rule import FixSafety, all_rules
-from qdq.verify import CandidateFailed, UnfeedableInput, VerifyResult, compare, load_inputs
+from qdq.verify import CandidateFailed, UnfeedableInput, VerifyResult, compare, load_samples
 
 EXIT_CLEAN, EXIT_NOT_CLEAN = 0, 1
 # Approximate fixes change numerics; below this SQNR against the input model, fix fails loudly.
@@ -68,7 +69,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
                        help=f"give up after N rounds without a fixed point (default: {DEFAULT_MAX_ROUNDS})")
     group.add_argument("--calibrate", type=Path, metavar="FILE.npz",
                        help="inputs to measure ranges on, for fixes that need a scale the graph does not have "
-                       "(one array per graph input name)")
+                       "(one array per graph input name; a leading sample axis holds N samples); for --target npu "
+                       "also the data the power-of-two positions are chosen on ([search] in the rule set)")
     add_input_args(parser)
     group = parser.add_argument_group("verification")
     group.add_argument("--verify", action=argparse.BooleanOptionalAction, default=True,
@@ -98,10 +100,14 @@ def run(args: argparse.Namespace) -> int:
             feeds = input_feeds(args, args.model)
         except UnfeedableInput as exc:
             skipped = exc.reason
-    ranges = tensor_ranges(args.model, load_inputs(args.calibrate, args.model)) if args.calibrate else None
+    samples = load_samples(args.calibrate, args.model) if args.calibrate else []
+    ranges = tensor_ranges(args.model, *samples) if samples else None
 
     log.info("fixing %s with rule set %r", args.model, ruleset.name)
     fixed = fix(model, ruleset, exact_only=args.exact_only, max_rounds=args.max_rounds, ranges=ranges)
+    search, budget = search_settings(ruleset)
+    if search and samples and fixed.converged and not args.exact_only:
+        fixed = search_exponents(model, args.model, samples, ruleset, fixed, ranges, budget)
     if not fixed.changes:
         skipped = None  # nothing to verify
     verification, unfeedable, written = _save_verified(model, args, fixed, feeds)
