@@ -33,6 +33,9 @@ from qdq.rule import Change, CheckContext, Finding, FixSafety, Rule, Severity, r
 _TRANSPARENT = ["MaxPool", "Reshape", "Transpose", "Flatten", "Squeeze", "Unsqueeze", "Slice", "Pad", "Concat"]
 # Activations TensorRT fuses into the conv before them; "Sigmoid" also stands for SiLU, Mul(x, Sigmoid(x)).
 _ACTIVATIONS = ["Relu", "LeakyRelu", "Clip", "Sigmoid"]
+# What the rules about a conv and its fused residual Add read (QDQ802, QDQ803, QDQ807).
+_RESIDUAL_PARAMETERS = {"ops": ["Add"], "fusible": ["Conv", "ConvTranspose"], "absorbed": ["BatchNormalization"],
+                        "activations": _ACTIVATIONS}
 
 
 def is_quantized(index: QuantIndex, tensor: gs.Tensor, transparent: Iterable[str]) -> bool:
@@ -258,14 +261,7 @@ class FloatResidual(_ResidualRule):
     code = "QDQ802"
     name = "float-residual"
     message = "{node}: residual input {residual} is float, so {conv} + {node} fuse with a float output{how}"
-    parameters = {
-        "ops": ["Add"],
-        "fusible": ["Conv", "ConvTranspose"],
-        "absorbed": ["BatchNormalization"],
-        "activations": _ACTIVATIONS,
-        "transparent": _TRANSPARENT,
-        "calibrated_type": "int8",
-    }
+    parameters = {**_RESIDUAL_PARAMETERS, "transparent": _TRANSPARENT, "calibrated_type": "int8"}
 
     def check(self, ctx: CheckContext) -> Iterable[Finding]:
         for node, slot, branch in self.residual_adds(ctx):
@@ -304,8 +300,7 @@ class QdqInFusedBranch(_ResidualRule):
     code = "QDQ803"
     name = "qdq-in-fused-branch"
     message = "{node}: {quantize} between {conv} and {node} keeps them from fusing"
-    parameters = {"ops": ["Add"], "fusible": ["Conv", "ConvTranspose"], "absorbed": ["BatchNormalization"],
-                  "activations": _ACTIVATIONS, "residual_after_activation": "float-branch"}
+    parameters = {**_RESIDUAL_PARAMETERS, "residual_after_activation": "float-branch"}
 
     def check(self, ctx: CheckContext) -> Iterable[Finding]:
         shared = _residual_mode(ctx) == "shared"
@@ -410,8 +405,7 @@ class UnsharedActivatedResidual(_ResidualRule):
     code = "QDQ807"
     name = "unshared-activated-residual"
     message = "{node}: the activated conv input {branch} is {state}, not on the residual's scale ({residual})"
-    parameters = {"ops": ["Add"], "fusible": ["Conv", "ConvTranspose"], "absorbed": ["BatchNormalization"],
-                  "activations": _ACTIVATIONS, "residual_after_activation": "float-branch"}
+    parameters = {**_RESIDUAL_PARAMETERS, "residual_after_activation": "float-branch"}
 
     def check(self, ctx: CheckContext) -> Iterable[Finding]:
         if _residual_mode(ctx) != "shared":
