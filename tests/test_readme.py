@@ -7,7 +7,7 @@ ROOT = Path(__file__).resolve().parent.parent
 
 def _readme_commands() -> list[str]:
     text = (ROOT / "README.md").read_text()
-    assert text.startswith("```sh\n"), "the README must open with the set-up commands"
+    assert text.startswith("# qdq\n\n```sh\n"), "the README must open with its title, then the set-up commands"
     block = text.split("```sh\n", 1)[1].split("```", 1)[0]
     return [line for line in block.splitlines() if line.strip()]
 
