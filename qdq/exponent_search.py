@@ -7,7 +7,8 @@ refined: each activation's and weight's position is tried one step finer and one
 driver then restores every constraint the move broke (an int32 bias follows its weight, a Concat
 re-aligns, a shift limit pulls a neighbour along), and the move is kept when the result is still
 lint-clean and its outputs on the calibration samples are closer to the input model's. Every
-candidate costs one onnxruntime run per sample; `budget` bounds how many are tried.
+candidate costs a fix and, if it stays lint-clean, one onnxruntime run per sample; `budget` bounds
+how many candidates are tried.
 """
 
 from __future__ import annotations
@@ -82,11 +83,11 @@ def search_exponents(
                 moved = _move(candidate, name, step)
                 if not moved:
                     continue
+                evaluations += 1  # every candidate costs a fix; the rejected ones too
                 refixed = fix(candidate, ruleset, ranges=ranges)
                 if not refixed.converged or not _finding_keys(refixed) <= allowed:
                     continue
                 error = _error(candidate, samples, wanted)
-                evaluations += 1
                 if error < best:
                     moved[0].description += f"; chosen on data: output rel L2 {best:.4g} → {error:.4g}"
                     moved[0].values["gain"] = best - error

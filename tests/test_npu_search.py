@@ -80,14 +80,17 @@ def test_fix_with_calibration_data_is_clean_and_closer_to_float(tmp_path):
 
 
 def test_the_search_keeps_to_its_budget(monkeypatch):
-    runs = []
-    outputs = exponent_search._outputs
+    """The budget counts candidates, each a fix of the moved model, whether or not it stays lint-clean."""
+    runs, fixes = [], []
+    outputs, refix = exponent_search._outputs, exponent_search.fix
     monkeypatch.setattr(exponent_search, "_outputs", lambda model, samples: runs.append(1) or outputs(model, samples))
+    monkeypatch.setattr(exponent_search, "fix", lambda *a, **k: fixes.append(1) or refix(*a, **k))
     samples = load_samples(CORPUS / "float" / "yolo.npz", YOLO)[:2]
     model, ruleset = load_model(YOLO), load_target("npu")
     fixed = fix(model, ruleset)
     exponent_search.search_exponents(model, YOLO, samples, ruleset, fixed, budget=5)
-    assert len(runs) == 2 + 5  # the input model, the fixed model, then the budget
+    assert len(fixes) == 5
+    assert 2 <= len(runs) <= 2 + 5  # the input model, the fixed model, then the candidates that stayed clean
 
 
 def test_search_settings_are_checked(tmp_path):
