@@ -8,11 +8,10 @@ one-line `ModelLoadError`. Saving is atomic and keeps external weights in extern
 from __future__ import annotations
 
 import gc
-import io
 import logging
 import math
 import os
-from contextlib import contextmanager, redirect_stdout, suppress
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
@@ -292,15 +291,10 @@ def _onnxruntime_refusal(path: Path) -> str | None:
     much (3.4 s against 0.8 s at 10k nodes). That onnxruntime's QDQ fusions accept what qdq
     writes is checked over the corpus (tests/test_conformance.py) instead.
     """
-    import onnxruntime as ort
+    from qdq.runtime import session
 
-    options = ort.SessionOptions()
-    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
-    options.log_severity_level = 4
     try:
-        # onnxruntime's Python layer prints provider errors to stdout, where JSON reports go.
-        with redirect_stdout(io.StringIO()):
-            ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+        session(path)
     except Exception as exc:
         return _first_line(exc)
     return None

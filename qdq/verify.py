@@ -397,14 +397,10 @@ def _bit_identical(a: np.ndarray, b: np.ndarray) -> bool:
 
 
 def _session(path: Path):
-    import onnxruntime as ort  # imported here: the rest of qdq does not need it
+    from qdq.runtime import session  # imported here: the rest of qdq does not need onnxruntime
 
-    options = ort.SessionOptions()
-    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
-    # ORT logs a failing node on stderr before raising; the error is reported once, as a QdqError.
-    options.log_severity_level = 2 if log.isEnabledFor(logging.DEBUG) else 4
     try:
-        return ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+        return session(path)
     except Exception as exc:
         raise QdqError(f"{path}: onnxruntime cannot load the model: {_first_line(exc)}") from None
 
