@@ -12,30 +12,12 @@ from pathlib import Path
 
 import numpy as np
 import onnx
-import onnxruntime as ort
 import pytest
 
 from cli_run import qdq
+from float_reference import float_error, logits
 
 CORPUS = Path(__file__).resolve().parent / "corpus"
-
-
-def logits(path: Path, arch: str, outputs: list[str] | None = None) -> list[np.ndarray]:
-    """Each requested output (default: the first) over every sample of ARCH.npz, one sample at a time."""
-    options = ort.SessionOptions()
-    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
-    options.log_severity_level = 3
-    session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
-    names = outputs or [session.get_outputs()[0].name]
-    with np.load(CORPUS / "float" / f"{arch}.npz") as data:
-        inputs = {i.name: data[i.name] for i in session.get_inputs()}
-    runs = [session.run(names, {k: v[i:i + 1] for k, v in inputs.items()}) for i in range(len(next(iter(inputs.values()))))]
-    return [np.concatenate([run[j] for run in runs]) for j in range(len(names))]
-
-
-def error_vs_float(path: Path, arch: str) -> float:
-    (got,), (want,) = logits(path, arch), logits(CORPUS / "float" / f"{arch}.onnx", arch)
-    return float(np.linalg.norm(got - want) / np.linalg.norm(want))
 
 
 def fixed(tmp_path: Path, model: Path, *args: str) -> tuple[Path, dict]:
@@ -61,8 +43,8 @@ def test_fake_quantized_weights_keep_their_clip(tmp_path):
     out, report = fixed(tmp_path, model, "--target", "npu", "--select", "QDQ2,QDQ502")
     moved = changes(report, "QDQ502")
     assert len(moved) == 28
-    own = error_vs_float(model, "yolo")
-    assert error_vs_float(out, "yolo") <= 1.05 * own
+    own = float_error("yolo", model)
+    assert float_error("yolo", out) <= 1.05 * own
     # The cost is measured on the effective weights, which the largest scale covers: none saturates.
     assert all(c["values"]["saturated"] == 0 for c in moved)
     assert all(c["values"]["sqnr_db"] > 30 for c in moved)
@@ -133,3 +115,4 @@ def test_uint8_weight_with_zero_point_128_is_an_exact_shift(tmp_path):
     assert len(outputs[1]) == 2
     for before, after in zip(*outputs):
         assert after.tobytes() == before.tobytes()
+

@@ -10,9 +10,9 @@ import json
 from pathlib import Path
 
 import numpy as np
-import onnxruntime as ort
 import pytest
 from cli_run import qdq
+from float_reference import float_error
 from npu_constraints import check
 
 from qdq import exponent_search
@@ -26,20 +26,6 @@ from qdq.verify import load_samples
 CORPUS = Path(__file__).parent / "corpus"
 RESNET = CORPUS / "torch" / "resnet_fx_qat_qnnpack.onnx"
 YOLO = CORPUS / "torch" / "yolo_fx_qat_qnnpack.onnx"
-
-
-def _float_error(arch: str, model: Path) -> float:
-    """Rel L2 of `model`'s logits against the float model's on the architecture's 16 samples."""
-    samples = np.load(CORPUS / "float" / f"{arch}.npz")["input"]
-    options = ort.SessionOptions()
-    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
-    outputs = []
-    for path in (CORPUS / "float" / f"{arch}.onnx", model):
-        session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
-        name = session.get_inputs()[0].name
-        outputs.append(np.concatenate([session.run(None, {name: samples[i:i + 1]})[0] for i in range(len(samples))]))
-    reference, got = outputs
-    return float(np.linalg.norm(got - reference) / np.linalg.norm(reference))
 
 
 def test_a_leading_sample_axis_is_split_for_a_batch_of_one_and_kept_for_a_dynamic_batch():
@@ -76,7 +62,7 @@ def test_fix_with_calibration_data_is_clean_and_closer_to_float(tmp_path):
     assert check(with_data) == []
     chosen = [c for c in json.loads(report.read_text())["changes"] if "chosen on data" in c["description"]]
     assert chosen and all(c["values"]["gain"] > 0 for c in chosen)
-    assert _float_error("resnet", with_data) <= _float_error("resnet", no_data)
+    assert float_error("resnet", with_data) <= float_error("resnet", no_data)
 
 
 def test_the_search_keeps_to_its_budget(monkeypatch):
