@@ -504,7 +504,8 @@ class _Quantizers:
     Any reader of the input may be that Q, in the ONNX or the com.microsoft domain. Its scale and
     zero-point may be initializers or Constant nodes, behind Identity and Cast nodes (Vitis AI,
     opset-12 and torch exports write them so). Only integer Q types count, per tensor or per axis;
-    a blocked Q (block_size) does not.
+    a blocked Q (block_size) does not. A Clip with constant bounds that alone reads the Q's
+    integers (PyTorch's reduced-range quantizer, `Q → Clip(0, 127) → DQ`) narrows the range.
     """
 
     def __init__(self, graph: onnx.GraphProto, folder: Path):
@@ -512,9 +513,12 @@ class _Quantizers:
         self.initializers = {t.name: t for t in graph.initializer}
         self.producers = {out: node for node in graph.node for out in node.output if out}
         self.readers: dict[str, list[onnx.NodeProto]] = {}
+        self.consumers: dict[str, list[onnx.NodeProto]] = {}
         for node in graph.node:
             if node.op_type == QUANTIZE and node.domain in QDQ_DOMAINS and len(node.input) >= 2:
                 self.readers.setdefault(node.input[0], []).append(node)
+            for name in set(node.input):
+                self.consumers.setdefault(name, []).append(node)
 
     def range_of(self, name: str, shape: tuple[int, ...]) -> tuple[np.ndarray, np.ndarray] | None:
         """(low, high) of the first Q of `name` whose range is known, broadcasting over `shape`; else None."""
@@ -547,8 +551,28 @@ class _Quantizers:
             scale, zp = scale.reshape(broadcast), np.broadcast_to(zp.reshape(-1), scale.shape).reshape(broadcast)
         else:
             scale, zp = scale.reshape(()), zp.reshape(())
-        first, second = (qtype.qmin - zp) * scale, (qtype.qmax - zp) * scale
+        qmin, qmax = self._integer_bounds(q, qtype)
+        first, second = (qmin - zp) * scale, (qmax - zp) * scale
         return np.minimum(first, second), np.maximum(first, second)
+
+    def _integer_bounds(self, q: onnx.NodeProto, qtype) -> tuple[float, float]:
+        """The integers the Q's output can hold after the Clip that alone reads it, if there is one."""
+        readers = self.consumers.get(q.output[0], [])
+        clip = readers[0] if len(readers) == 1 and readers[0].op_type == "Clip" else None
+        qmin, qmax = qtype.qmin, qtype.qmax
+        if clip is None or clip.domain not in ("", "ai.onnx"):
+            return qmin, qmax
+        attrs = {a.name: onnx.helper.get_attribute_value(a) for a in clip.attribute}  # opset < 11
+        bounds = [attrs.get("min"), attrs.get("max")]
+        for slot in (1, 2):
+            if len(clip.input) > slot and clip.input[slot]:
+                found = self._constant(clip.input[slot])
+                if found is None:
+                    return qmin, qmax
+                bounds[slot - 1] = float(found[0].ravel()[0])
+        low, high = bounds
+        return (qmin if low is None else max(qmin, math.ceil(low)),
+                qmax if high is None else min(qmax, math.floor(high)))
 
     def _constant(self, name: str) -> tuple[np.ndarray, int] | None:
         """The value and element type of `name` if constants alone make it, through Identity and Cast."""

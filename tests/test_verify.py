@@ -242,6 +242,20 @@ def test_make_inputs_takes_the_q_range_from_the_quantized_candidate(tmp_path):
     assert x.min() >= -6.4 and x.max() <= 6.35 + 1e-6 and x.max() - x.min() > 10
 
 
+def test_make_inputs_narrows_the_range_to_a_clip_on_the_integers():
+    """PyTorch's x86 QAT input quantizer: Q(uint8, s, zp 39) → Clip(max=127) → DQ, so the model sees
+    [(0 - 39)·s, (127 - 39)·s], not uint8's whole range (up to 5.26 here, where the model clips at 2.14)."""
+    path = Path(__file__).parent / "corpus" / "torch" / "yolo_fx_qat_x86.onnx"
+    graph = onnx.load(str(path)).graph
+    (q,) = [n for n in graph.node if n.op_type == "QuantizeLinear" and n.input[0] == "input"]
+    constants = {n.output[0]: numpy_helper.to_array(n.attribute[0].t) for n in graph.node if n.op_type == "Constant"}
+    constants.update({t.name: numpy_helper.to_array(t) for t in graph.initializer})
+    scale, zero_point = float(constants[q.input[1]].ravel()[0]), float(constants[q.input[2]].ravel()[0])
+    x = make_inputs(path, seed=0)["input"]
+    low, high = (0 - zero_point) * scale, (127 - zero_point) * scale
+    assert low - 1e-6 <= x.min() < low + 0.05 and high - 0.05 < x.max() <= high + 1e-6
+
+
 # The input quantizer of the issue: int8, step 2. Standard normal values would all round to 0 or ±2.
 STEP_LOW, STEP_HIGH = -256.0, 254.0
 
