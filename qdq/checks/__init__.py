@@ -11,9 +11,11 @@
 - dpu: QDQ7xx, fixed DPU numerics the float model does not reproduce
 - placement: QDQ801-803, Q/DQ placement around the ops a target fuses (float inputs, residual Adds)
 - node_units: QDQ804-805, ops with dequantized inputs whose output has no Q (onnxruntime node units)
+- reduced_range: QDQ509, a Clip on the integers between Q and DQ (PyTorch's reduced-range quantizer)
 - weight_type: QDQ508, int8 weights a 16-bit pair-sum kernel can saturate, stored as uint8
 """
 
 from qdq.checks import (  # noqa: F401
-    alignment, artefacts, batchnorm, bias, dpu, formats, node_units, pairing, placement, qparams, shifts, weight_type,
+    alignment, artefacts, batchnorm, bias, dpu, formats, node_units, pairing, placement, qparams, reduced_range, shifts,
+    weight_type,
 )

@@ -16,6 +16,7 @@ from onnx import TensorProto
 from qdq import pow2
 from qdq.dtypes import DEQUANTIZE_ONLY, type_name
 from qdq.errors import RuleSetError
+from qdq.checks.reduced_range import clip_bounds
 from qdq.operands import ACTIVATION, BIAS, WEIGHT, WEIGHT_INPUT, output_channel_axis, output_value, role, scale_of
 from qdq.quant_index import PER_AXIS, PER_TENSOR, QUANTIZE, QParams, QTensor, is_uniform, resolve_constant, source_values
 from qdq.requantize import describe, effective_values, set_params, why_type_is_fixed
@@ -232,7 +233,7 @@ def _can_be_negative(ctx: CheckContext, tensor: gs.Tensor, seen: set[int]) -> bo
     if producer.op in ctx.params["nonnegative"]:
         return False
     if producer.op == "Clip":
-        low = _clip_min(ctx, producer)
+        low = clip_bounds(ctx, producer)[0]
         return low is None or low < 0
     if producer.op in ctx.params["through"]:
         data = producer.inputs if producer.op == "Concat" else producer.inputs[:1]
@@ -256,15 +257,6 @@ def _dequantized_can_be_negative(ctx: CheckContext, dq, seen: set[int]) -> bool:
     q_params = ctx.index.params(quantize)
     same_zp = not q_params.dynamic and is_uniform(q_params.zero_point) and q_params.zero_point.ravel()[0] == zp
     return not same_zp or _can_be_negative(ctx, quantize.inputs[0], seen)
-
-
-def _clip_min(ctx: CheckContext, clip) -> float | None:
-    """A Clip's lower bound, when it is a constant."""
-    low = clip.attrs.get("min")  # opset < 11 keeps the bounds as attributes
-    if low is None and len(clip.inputs) > 1 and clip.inputs[1] is not None and clip.inputs[1].name:
-        source = resolve_constant(clip.inputs[1])
-        low = float(source_values(ctx.model, source).ravel()[0]) if source is not None else None
-    return low
 
 
 def _expected_zero_point(qtype, unsigned_midpoint: bool) -> float:
@@ -547,7 +539,7 @@ class ClippedZeroPoint(Rule):
 
 def _clips_at_zero(ctx: CheckContext, clip, scale: float) -> bool:
     """Whether a Clip's lower bound is 0 on this grid (min >= 0 and rounding to step 0)."""
-    low = _clip_min(ctx, clip)
+    low = clip_bounds(ctx, clip)[0]
     return low is not None and low >= 0 and np.rint(low / scale) == 0
 
 

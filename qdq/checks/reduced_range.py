@@ -1,0 +1,153 @@
+"""QDQ509: a Clip on the integers between a Q and its DQ, PyTorch's encoding of a reduced-range quantizer.
+
+PyTorch's TorchScript exporter writes a fake-quantizer whose range is narrower than its integer
+type (the x86 QAT qconfig's `quint8 [0, 127]`) as `QuantizeLinear → Clip(0, 127) → DequantizeLinear`.
+onnxruntime runs the integer Clip; compilers that fuse Q/DQ pairs see none, and every rule that
+moves the pair's grid must know the Clip is there or clip the new integers at the old bound.
+"""
+
+from __future__ import annotations
+
+from typing import Iterable
+
+import numpy as np
+import onnx_graphsurgeon as gs
+
+from qdq.dtypes import QuantType
+from qdq.ops import DEQUANTIZE
+from qdq.quant_index import PER_TENSOR, QTensor, resolve_constant, source_values
+from qdq.requantize import set_params
+from qdq.rewrite import set_input
+from qdq.rule import Change, CheckContext, Finding, FixSafety, Rule, Severity, register
+
+
+def clip_bounds(ctx: CheckContext, clip: gs.Node) -> tuple[float | None, float | None]:
+    """A Clip's (min, max): ∓inf for a bound it does not set, None for one computed at run time."""
+    bounds: list[float | None] = []
+    for slot, attribute, unset in ((1, "min", -np.inf), (2, "max", np.inf)):
+        value = clip.attrs.get(attribute)  # opset < 11 keeps the bounds as attributes
+        if value is None and len(clip.inputs) > slot and clip.inputs[slot] is not None and clip.inputs[slot].name:
+            source = resolve_constant(clip.inputs[slot])
+            value = float(source_values(ctx.model, source).ravel()[0]) if source is not None else None
+        elif value is None:
+            value = unset
+        bounds.append(None if value is None else float(value))
+    return bounds[0], bounds[1]
+
+
+@register
+class ReducedRangeQuantizer(Rule):
+    """A Clip on the integers between a QuantizeLinear and its DequantizeLinear should be one Q/DQ pair.
+
+    Why: PyTorch exports a fake-quantizer narrower than its type (x86 QAT activations: quint8
+    [0, 127], to keep 16-bit pair sums from saturating on CPUs without VNNI) as
+    `Q → Clip(0, 127) → DQ`. TensorRT and the NPU compilers fuse Q/DQ pairs and see none here; a
+    fix that moves the pair's zero-point (symmetric int8: 128 steps) leaves the Clip cutting the
+    new integers at 127, which zeroes every positive value.
+
+    Example: `Q(x, s=0.02, zp=3 uint8) → Clip(max=127) → DQ`: the values the model computes lie
+    in [(0 - 3) · 0.02, (127 - 3) · 0.02] = [-0.06, 2.48]. The fix removes the Clip and gives the
+    Q and its DQs the grid that spans the same range over the whole type: scale 0.02 · 127 / 255,
+    zero-point round(3 · 255 / 127) = 6. Every value keeps its range; values between the old steps
+    now round to a step half as wide. A Clip that spans the whole type is removed exactly.
+    Approximate.
+    """
+
+    code = "QDQ509"
+    name = "reduced-range-quantizer"
+    message = "Clip {clip} narrows the {dtype} integers of QuantizeLinear {quantize} to [{low}, {high}]"
+    severity = Severity.WARNING
+    fix_safety = FixSafety.APPROXIMATE
+
+    def check(self, ctx: CheckContext) -> Iterable[Finding]:
+        for qt in ctx.index.qtensors:
+            if qt.quantize is None:
+                continue
+            params = ctx.index.params(qt.quantize)
+            qtype = params.qtype
+            if qtype is None or qtype.is_float:
+                continue
+            consumers = ctx.index.consumers_through(qt.integer)
+            for clip, _ in consumers:
+                if clip.op != "Clip" or not clip.outputs:
+                    continue
+                clips, readers = _clip_tree(ctx, clip)
+                low, high = _integer_range(ctx, clips, qtype)
+                fixable = (
+                    low is not None and high is not None and low < high
+                    and params.granularity == PER_TENSOR and not params.dynamic and not params.block_size
+                    and len(consumers) == 1 and not qt.dequantizes
+                    and not any(ctx.index.is_graph_output(c.outputs[0]) for c in clips)
+                    and bool(readers) and all(r is not None and params.same_values(ctx.index.params(r.nodes[0]))
+                                              for r in readers)
+                    and len({clip_bounds(ctx, c) for c in clips}) == 1
+                )
+                yield self.finding(
+                    ctx, clip, [ctx.value_name(qt)], subject=(qt, clips, readers), fixable=fixable,
+                    clip=", ".join(c.name for c in clips), quantize=qt.quantize.name, dtype=qtype.name,
+                    low=_text(low), high=_text(high),
+                )
+
+    def fix(self, ctx: CheckContext, finding: Finding) -> list[Change]:
+        qt, clips, readers = finding.subject
+        params = ctx.index.params(qt.quantize)
+        qtype = params.qtype
+        low, high = _integer_range(ctx, clips, qtype)
+        old_scale, old_zp = float(params.scale.ravel()[0]), float(params.zero_point.ravel()[0])
+        old_range = ((low - old_zp) * old_scale, (high - old_zp) * old_scale)
+        new_scale = old_scale * (high - low) / (qtype.qmax - qtype.qmin)
+        new_zp = float(np.clip(np.rint(qtype.qmin - (low - old_zp) * old_scale / new_scale), qtype.qmin, qtype.qmax))
+        new_range = ((qtype.qmin - new_zp) * new_scale, (qtype.qmax - new_zp) * new_scale)
+
+        clip = finding.values["clip"]
+        exact = (low, high) == (qtype.qmin, qtype.qmax)
+        reason = (f"Clip {clip} removed" if exact else
+                  f"Clip {clip} [{_text(low)}, {_text(high)}] folded into the grid: range "
+                  f"[{old_range[0]:.6g}, {old_range[1]:.6g}] → [{new_range[0]:.6g}, {new_range[1]:.6g}], "
+                  f"step {old_scale:.6g} → {new_scale:.6g}")
+        changes: list[Change] = []
+        for value in [qt] + readers:
+            changes += set_params(ctx, value, new_scale, self.code, reason, zero_point=new_zp)
+        for reader in readers:
+            for dq in reader.dequantizes:
+                set_input(dq, 0, qt.integer)
+        if not changes:  # the grid stays: only the Clip goes
+            changes.append(Change(self.code, clips[0].name, ctx.value_name(qt), clip, None, reason))
+        for change in changes:
+            change.values.update(old_range=list(old_range), new_range=list(new_range))
+        return changes
+
+
+def _clip_tree(ctx: CheckContext, clip: gs.Node) -> tuple[list[gs.Node], list[QTensor | None]]:
+    """The Clip, the Clips that read its integers (removing a no-op DQ → Q between two PyTorch
+    quantizers leaves `Clip → Clip`), and the value of each DQ that reads any of them (None for a
+    reader that is neither)."""
+    clips: list[gs.Node] = []
+    values: list[QTensor | None] = []
+    pending = [clip]
+    while pending:
+        node = pending.pop()
+        clips.append(node)
+        for reader, _ in ctx.index.consumers_through(node.outputs[0]):
+            if reader.op == "Clip" and reader.outputs:
+                pending.append(reader)
+                continue
+            value = ctx.index.qtensor_of(reader) if reader.op == DEQUANTIZE else None
+            if value is None or all(value is not v for v in values):
+                values.append(value)
+    return clips, values
+
+
+def _integer_range(ctx: CheckContext, clips: list[gs.Node], qtype: QuantType) -> tuple[float | None, float | None]:
+    """The integers a chain of Clips lets through, within the type."""
+    low, high = float(qtype.qmin), float(qtype.qmax)
+    for clip in clips:
+        clip_low, clip_high = clip_bounds(ctx, clip)
+        if clip_low is None or clip_high is None:
+            return None, None
+        low, high = max(low, float(np.ceil(clip_low))), min(high, float(np.floor(clip_high)))
+    return low, high
+
+
+def _text(bound: float | None) -> str:
+    return "?" if bound is None else str(int(bound))
