@@ -48,7 +48,10 @@ class BiasScaleMismatch(Rule):
     message = "{node}: bias {tensor} has scale {scale}; input × weight scale is {expected}"
     severity = Severity.ERROR
     fix_safety = FixSafety.APPROXIMATE
-    parameters = {"ops": ["Conv", "ConvTranspose", "Gemm"], "types": ["int32"], "rtol": 1e-6}
+    # `allow_per_axis`: the roles the target may quantize per axis (QDQ502's parameter); without
+    # "bias", a per-channel weight that QDQ502 could not fix leaves this finding without a fix.
+    parameters = {"ops": ["Conv", "ConvTranspose", "Gemm"], "types": ["int32"], "rtol": 1e-6,
+                  "allow_per_axis": ["weight", "bias"]}
 
     def check(self, ctx: CheckContext) -> Iterable[Finding]:
         ops = set(ctx.params["ops"])
@@ -66,7 +69,8 @@ class BiasScaleMismatch(Rule):
             if actual.size in (1, expected.size) and np.allclose(actual, expected, rtol=ctx.params["rtol"], atol=0):
                 continue
             name = ctx.value_name(bias)
-            yield self.finding(ctx, node, [name], subject=node, tensor=name,
+            fixable = expected.size == 1 or "bias" in ctx.params["allow_per_axis"]
+            yield self.finding(ctx, node, [name], subject=node, fixable=fixable, tensor=name,
                                scale=describe(params.scale, params.zero_point),
                                expected=describe(expected, np.zeros(1)))
 

@@ -117,11 +117,18 @@ class PerAxisScale(Rule):
         for qt, params, kind in _values(ctx):
             if params.granularity == PER_TENSOR or kind in ctx.params["allow_per_axis"]:
                 continue
-            yield self.finding(ctx, qt.nodes[0], [ctx.value_name(qt)], subject=qt, fixable=_per_axis_fixable(params),
+            yield self.finding(ctx, qt.nodes[0], [ctx.value_name(qt)], subject=qt,
+                               fixable=_per_axis_fixable(params) and _integers_internal(ctx, qt),
                                role=kind, tensor=ctx.value_name(qt), count=int(params.scale.size))
 
     def fix(self, ctx: CheckContext, finding: Finding) -> list[Change]:
         return _one_scale(ctx, finding.subject, self.code, "one scale for the whole tensor: the largest")
+
+
+def _integers_internal(ctx: CheckContext, qt: QTensor) -> bool:
+    """Whether a value's integers stay inside the graph: a new grid for integers that are a graph output
+    would change the model's interface, not only its numbers."""
+    return not ctx.index.is_graph_output(qt.integer)
 
 
 def _per_axis_fixable(params: QParams) -> bool:
@@ -183,7 +190,7 @@ class AsymmetricZeroPoint(Rule):
             if is_uniform(params.zero_point) and params.zero_point.flat[0] == expected:
                 continue
             zps = np.unique(params.zero_point)
-            fixable = params.granularity == PER_TENSOR and bool(np.all(params.scale > 0))
+            fixable = params.granularity == PER_TENSOR and bool(np.all(params.scale > 0)) and _integers_internal(ctx, qt)
             yield self.finding(ctx, qt.nodes[0], [ctx.value_name(qt)], subject=qt, fixable=fixable, role=kind,
                                tensor=ctx.value_name(qt), zero_point=_zp_text(zps), expected=int(expected))
 
@@ -310,7 +317,8 @@ class NonPow2Scale(Rule):
             if pow2.all_pow2(params.scale):
                 continue
             # Blocked scales (int4 weight-only) are not re-quantized: left as they are.
-            fixable = not params.block_size and bool(np.all(np.isfinite(params.scale) & (params.scale > 0)))
+            fixable = (not params.block_size and bool(np.all(np.isfinite(params.scale) & (params.scale > 0)))
+                       and _integers_internal(ctx, qt))
             yield self.finding(ctx, qt.nodes[0], [ctx.value_name(qt)], subject=(qt, kind), fixable=fixable, role=kind,
                                tensor=ctx.value_name(qt), scale=describe(params.scale, np.zeros(1)))
 
