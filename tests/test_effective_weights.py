@@ -37,7 +37,7 @@ def test_fake_quantized_weights_keep_their_clip(tmp_path):
     yolo_fx_qat_x86 keeps float weights behind per-channel Qs that clip 0.1-9 % of them. Measured
     error vs float: the export 0.1930; fixed from the raw float constants (before) 0.2144, 1.11x,
     as the weights the old scales clipped come back; from the effective weights 0.1991, 1.03x.
-    (Only QDQ502 here: the full npu fix of the x86 exports is dominated by activation changes.)
+    (Only QDQ502 here; the full fixes of the x86 exports are in test_rules_reduced_range.py.)
     """
     model = CORPUS / "torch" / "yolo_fx_qat_x86.onnx"
     out, report = fixed(tmp_path, model, "--target", "npu", "--select", "QDQ2,QDQ502")
@@ -116,3 +116,22 @@ def test_uint8_weight_with_zero_point_128_is_an_exact_shift(tmp_path):
     for before, after in zip(*outputs):
         assert after.tobytes() == before.tobytes()
 
+
+def test_uint8_weights_that_fit_int8_keep_their_grid(tmp_path):
+    """A uint8 weight whose integers minus zero-point all lie in [-127, 127] needs no new scale.
+
+    onnxruntime's test model for its issue 19590 has a uint8 MatMul weight [[1, 2], [3, 4]] at
+    scale 20, zero-point 0. Covering uint8's whole range [0, 255·20] in symmetric int8 would double
+    the step (weights' SQNR 11.8 dB, output 4.1 dB, refused by verification); the weights use 4 of
+    255 steps, so int8 with the same scale holds them exactly and the output is bit-identical.
+    """
+    model = CORPUS / "public" / "onnxruntime" / "ort_github_issue_19590.onnx"
+    out, report = fixed(tmp_path, model, "--target", "trt", "--select", "QDQ501")
+    (moved,) = [c for c in changes(report, "QDQ501") if c["tensor"] == "matmul_b_uint8"]
+    assert moved["old"] == "uint8 20" and moved["new"] == "int8 20" and "(exact)" in moved["description"]
+    assert report["verification"]["identical"]
+    graph = onnx.load(out).graph
+    constants = {i.name: onnx.numpy_helper.to_array(i) for i in graph.initializer}
+    (dq,) = [n for n in graph.node if n.name == "dq_matmul_b"]
+    assert constants[dq.input[0]].dtype == np.int8 and constants[dq.input[0]].tolist() == [[1, 2], [3, 4]]
+    assert constants[dq.input[1]] == 20 and constants[dq.input[2]] == 0

@@ -299,9 +299,15 @@ def test_qdq501_activation_types(tmp_path, dtype, name):
         no_fix_needed(model, "QDQ501")
         return
     f = one(model, "QDQ501")
-    assert (f.node, f.tensors, f.fix) == ("x_q", ("x",), None)  # no fix: a type change is the quantizer's job
+    assert (f.node, f.tensors, f.fix) == ("x_q", ("x",), FixSafety.APPROXIMATE)
     assert f.values == {"role": "activation", "tensor": "x", "dtype": name, "allowed": "int8, uint8"}
-    assert fix(model, load_target("npu").narrowed(select=["QDQ501"])).changes == []
+    old_low, old_high = np.iinfo(dtype).min * 2.0**-4, np.iinfo(dtype).max * 2.0**-4  # act(..., pos=4, zp=0)
+    _, saved = fix_npu(model, "QDQ501", tmp_path, {"x": rand(2, 3)})
+    assert saved.array(saved.nodes["x_q"].input[2]).dtype == np.int8
+    scale, zp = saved.scale("x_q"), saved.zero_point("x_q")
+    assert (saved.scale("x_dq"), saved.zero_point("x_dq")) == (scale, zp)
+    # int8 spans the range the old grid spanned, to within one new step at each end
+    assert abs((-128 - zp) * scale - old_low) <= scale and abs((127 - zp) * scale - old_high) <= scale
 
 
 @pytest.mark.parametrize(
@@ -399,6 +405,22 @@ def test_qdq503_uint8_midpoint_is_accepted(tmp_path):
 def test_qdq503_uint8_zero_point_0_is_reported(tmp_path):
     f = one(load(zp_graph(0, np.uint8), tmp_path), "QDQ503")
     assert (f.values["zero_point"], f.values["expected"]) == ("0", 128)
+
+
+@pytest.mark.parametrize(("producer", "fixable"), [("Neg", False), ("Relu", True)])
+def test_qdq503_without_a_midpoint_never_drops_negative_values(tmp_path, producer, fixable):
+    """uint8 with zero-point 100 where only 0 is allowed (`unsigned_midpoint = false`): a grid from 0
+    would lose the 100 steps below it, unless the Q's input cannot be negative."""
+    b = GraphBuilder()
+    y = b.node(producer, [b.input("x", [2, 8])], ["y"], name="op")
+    b.output(act(b, y, "x", scale=f32(0.02), zp=100, dtype=np.uint8), [2, 8])
+    model = load(b, tmp_path)
+    ruleset = npu_with(tmp_path, "QDQ503", "unsigned_midpoint = false")
+    f = one(model, "QDQ503", ruleset)
+    assert f.values["expected"] == 0 and (f.fix is not None) == fixable
+    if fixable:
+        _, m = fix_npu(model, "QDQ503", tmp_path, {"x": rand(2, 8)}, ruleset)
+        assert m.zero_point("x_q") == 0 and m.scale("x_q") == pytest.approx(155 * 0.02 / 255, rel=1e-6)
 
 
 # --- QDQ504 non-pow2-scale -----------------------------------------------------------------------
@@ -723,6 +745,23 @@ def test_qdq606_non_pow2_product(tmp_path):
     bias = const_dq(b, "b", [1, 2, 3, 4], scale=sx * sw, dtype=np.int32)
     b.output(act(b, b.node("Conv", [x, w, bias], ["y"], name="conv"), "out", 3), [1, 4, 3, 3])
     assert found(load(b, tmp_path), "QDQ606") == []
+
+
+@pytest.mark.parametrize(("allow", "fixable"), [("[]", False), ('["weight", "bias"]', True)])
+def test_qdq606_gives_a_bias_per_axis_scales_only_where_the_target_allows_them(tmp_path, allow, fixable):
+    """A per-channel weight (left so when QDQ502 cannot fix it) needs a per-channel bias scale; on the
+    NPU (`allow_per_axis = []`) QDQ502 would make that per-tensor again, round after round."""
+    b = GraphBuilder()
+    x = act(b, b.input("x", [1, 2, 5, 5]), "x", 7)
+    w = const_dq(b, "w", weight_ints([4, 2, 3, 3]), scale=f32([2.0**-8, 2.0**-7, 2.0**-8, 2.0**-9]), axis=0)
+    bias = const_dq(b, "b", [1000, -3, 5, 7], 14, dtype=np.int32)
+    b.output(act(b, b.node("Conv", [x, w, bias], ["y"], name="conv"), "out", 3), [1, 4, 3, 3])
+    model = load(b, tmp_path)
+    ruleset = npu_with(tmp_path, "QDQ606", f"allow_per_axis = {allow}")
+    assert (one(model, "QDQ606", ruleset).fix is not None) == fixable
+    if fixable:
+        _, m = fix_npu(model, "QDQ606", tmp_path, weighted_feeds("Conv"), ruleset)
+        assert m.array(m.nodes["b_dq"].input[1]).tolist() == [2.0**-15, 2.0**-14, 2.0**-15, 2.0**-16]
 
 
 # --- QDQ607 hard-sigmoid-shift / QDQ608 swish-shift ----------------------------------------------

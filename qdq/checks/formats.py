@@ -45,12 +45,14 @@ class UnsupportedQuantType(Rule):
     Example: the NPU set allows int8 and uint8 activations, int8 weights and int8 or int32
     biases; `Q(x, zero_point: int16)` is reported.
 
-    The fix handles uint8 weights where int8 ones are allowed (onnxruntime's U8U8 models), the
-    only type change that is the rewriter's job rather than the quantizer's. Zero-point 128 is
-    the int8 grid shifted by 128: integers and zero-point move by -128, exact. Any other
-    zero-point: one re-quantization of the effective weights to symmetric int8 covering the
-    old range (as QDQ503 would, but without first re-quantizing to uint8 zero-point 128);
-    approximate, with its cost in the change report.
+    The fix, where int8 is allowed, moves activations of another integer type (onnxruntime's
+    uint16 and int16 PTQ) to int8 over the range their grid spans, 8 bits fewer (approximate;
+    QDQ503 makes them symmetric afterwards), and handles uint8 weights (onnxruntime's U8U8
+    models). A uint8 weight whose integers minus zero-point fit int8 (always with zero-point
+    128) keeps its grid: integers and zero-point move by -zero-point, exact. Otherwise the
+    channels that do not fit are re-quantized once, from the effective weights, to the
+    symmetric int8 scale that covers their largest weight (not uint8's whole range, which
+    would cost a bit); approximate, with its cost in the change report.
     """
 
     code = "QDQ501"
@@ -66,25 +68,67 @@ class UnsupportedQuantType(Rule):
             allowed = ctx.params[f"{kind}_types"]
             dtype = type_name(params.elem_type)
             if allowed and dtype not in allowed:
-                fixable = kind == WEIGHT and dtype == "uint8" and "int8" in allowed and _int8_fixable(ctx, qt, params)
+                fixable = "int8" in allowed and _int8_fixable(ctx, qt, params) and (
+                    (kind == WEIGHT and dtype == "uint8")
+                    or (kind == ACTIVATION and qt.quantize is not None and params.granularity == PER_TENSOR
+                        and params.qtype is not None and not params.qtype.is_float)
+                )
                 yield self.finding(ctx, qt.nodes[0], [ctx.value_name(qt)], subject=qt, fixable=fixable, role=kind,
                                    tensor=ctx.value_name(qt), dtype=dtype, allowed=", ".join(allowed))
 
     def fix(self, ctx: CheckContext, finding: Finding) -> list[Change]:
         qt = finding.subject
         params = ctx.index.params(qt.nodes[0])
+        if finding.values["role"] == ACTIVATION:
+            return _int8_over_the_same_range(ctx, qt, params, self.code)
         scale, zp = params.scale, params.zero_point
-        if np.all(zp == 128):
-            reason = "uint8 → int8 weights: integers and zero-point move by -128 (exact)"
-            new_scale, new_zp = scale, zp - 128
-        else:  # the smallest symmetric int8 scale that represents [(0 - zp)·s, (255 - zp)·s]
-            reason = "uint8 → symmetric int8 weights covering the old range"
-            new_scale, new_zp = np.maximum(zp * scale / 128, (255 - zp) * scale / 127), np.zeros_like(zp)
+        steps = _largest_steps(ctx, qt, params)
+        if np.all(zp == 128) or np.all(steps <= 127):
+            reason = "uint8 → int8 weights: the same grid, integers moved by -zero-point (exact)"
+            new_scale, new_zp = scale, np.zeros_like(zp)
+        else:  # the smallest symmetric int8 scale that represents every weight
+            reason = "uint8 → symmetric int8 weights covering the weights' range"
+            new_scale, new_zp = np.maximum(steps, 127) * scale / 127, np.zeros_like(zp)
         changes = set_params(ctx, qt, new_scale, self.code, reason, zero_point=new_zp, axis=params.axis,
                              elem_type=TensorProto.INT8)
         for change in changes:
             change.old, change.new = f"uint8 {change.old}", f"int8 {change.new}"
         return changes
+
+
+def _largest_steps(ctx: CheckContext, qt: QTensor, params: QParams) -> np.ndarray:
+    """The largest |q - zero-point| of a weight, per scale; the type's own bound when the weights are not constant."""
+    weights = effective_values(ctx, qt)
+    qtype = params.qtype
+    zp = params.zero_point.astype(np.float64)
+    if weights is None:
+        return np.maximum(zp - qtype.qmin, qtype.qmax - zp)
+    magnitude = np.abs(weights.astype(np.float64))
+    if params.scale.size > 1:
+        axes = tuple(a for a in range(magnitude.ndim) if a != params.axis % magnitude.ndim)
+        largest = magnitude.max(axis=axes) if magnitude.size else np.zeros(params.scale.shape)
+    else:
+        largest = np.asarray(magnitude.max() if magnitude.size else 0.0).reshape(params.scale.shape)
+    return np.rint(largest / params.scale.astype(np.float64))
+
+
+def _int8_over_the_same_range(ctx: CheckContext, qt: QTensor, params: QParams, code: str) -> list[Change]:
+    """An activation of another integer type (uint16, int16) as int8 over the range its grid spans.
+
+    The range keeps both ends, so a zero-point at the type minimum (a folded Relu) stays at int8's
+    minimum and still clips at 0; QDQ503 makes the grid symmetric afterwards where the target asks.
+    """
+    qtype = params.qtype
+    scale, zp = float(params.scale.ravel()[0]), float(params.zero_point.ravel()[0])
+    low, high = (qtype.qmin - zp) * scale, (qtype.qmax - zp) * scale
+    new_scale = (high - low) / 255
+    new_zp = float(np.clip(np.rint(-128 - low / new_scale), -128, 127))
+    cost = f"{qtype.bits - 8} bits fewer" if qtype.bits > 8 else "the same grid"
+    reason = f"{qtype.name} → int8 over the same range [{low:.6g}, {high:.6g}]: {cost}"
+    changes = set_params(ctx, qt, new_scale, code, reason, zero_point=new_zp, elem_type=TensorProto.INT8)
+    for change in changes:
+        change.old, change.new = f"{qtype.name} {change.old}", f"int8 {change.new}"
+    return changes
 
 
 def _int8_fixable(ctx: CheckContext, qt: QTensor, params: QParams) -> bool:
@@ -190,7 +234,8 @@ class AsymmetricZeroPoint(Rule):
             if is_uniform(params.zero_point) and params.zero_point.flat[0] == expected:
                 continue
             zps = np.unique(params.zero_point)
-            fixable = params.granularity == PER_TENSOR and bool(np.all(params.scale > 0)) and _integers_internal(ctx, qt)
+            fixable = (params.granularity == PER_TENSOR and bool(np.all(params.scale > 0))
+                       and _integers_internal(ctx, qt) and not _loses_negatives(ctx, qt, params, expected))
             yield self.finding(ctx, qt.nodes[0], [ctx.value_name(qt)], subject=qt, fixable=fixable, role=kind,
                                tensor=ctx.value_name(qt), zero_point=_zp_text(zps), expected=int(expected))
 
@@ -209,6 +254,16 @@ class AsymmetricZeroPoint(Rule):
             changes.append(_insert_relu(ctx, qt, self.code))
         return changes + set_params(ctx, qt, new_scale, self.code, "symmetric parameters covering the old range",
                                     zero_point=new_zp)
+
+
+def _loses_negatives(ctx: CheckContext, qt: QTensor, params: QParams, expected: float) -> bool:
+    """Whether zero-point `expected` at an unsigned type's minimum would drop negative values the grid holds
+    (uint16 with zp 30000 → 0 on a target without `unsigned_midpoint`); a tensor that cannot be
+    negative loses nothing."""
+    qtype = params.qtype
+    if qtype.signed or expected != qtype.qmin or np.all(params.zero_point <= qtype.qmin):
+        return False
+    return qt.quantize is None or _can_be_negative(ctx, qt.quantize.inputs[0], set())
 
 
 def _insert_relu(ctx: CheckContext, qt: QTensor, code: str) -> Change:
