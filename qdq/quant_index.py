@@ -239,6 +239,7 @@ class QuantIndex:
                 (self.quantizes if node.op == QUANTIZE else self.dequantizes).append(node)
                 self._params[id(node)] = self._read_params(node)
         self.graph_outputs = {id(t) for t in self.graph.outputs}
+        self.graph_inputs = {id(t) for t in self.graph.inputs}
         # Facts derived from the graph's structure (which the index outlives only while fixes
         # swap constants): computed once per index by whoever needs them, e.g. operands.role.
         self.memo: dict = {}
@@ -306,6 +307,10 @@ class QuantIndex:
 
     def is_graph_output(self, tensor: gs.Tensor) -> bool:
         return id(tensor) in self.graph_outputs
+
+    def is_interface(self, tensor: gs.Tensor) -> bool:
+        """A graph input or output: integers there are exchanged with the caller, on the grid they have."""
+        return id(tensor) in self.graph_outputs or id(tensor) in self.graph_inputs
 
     # --- whole-graph views -------------------------------------------------------------------
 

@@ -60,6 +60,9 @@ def set_params(
     if first.block_size:  # a rule offered a fix it cannot make: leave the value as it is, say so
         log.warning("%s: blocked parameters (block_size %d) are not re-quantized; left unchanged", name, first.block_size)
         return []
+    if ctx.index.is_interface(qt.integer):  # the caller exchanges these integers on the grid they have
+        log.warning("%s: its integers are a graph input or output; their parameters are left unchanged", name)
+        return []
     old_scale, old_zp = first.scale, first.zero_point
     new_scale = np.asarray(scale, dtype=np.float64)
     new_zp = _new_zero_point(old_zp, new_scale, zero_point)

@@ -11,7 +11,8 @@ with qdq's own code:
 - a failed verification leaves nothing at `-o`;
 - the numbers fix reports are the ones onnxruntime gives on the same inputs: recomputed here from
   the calibration samples, and equal to `qdq verify` on the same pair with the same seed;
-- integer graph outputs (a Q's integers handed to the caller) keep their scale, zero-point and type;
+- integers at the graph's interface (a Q's output that is a graph output, a graph input a DQ
+  reads) keep their scale, zero-point and type;
 - fix on its own output changes nothing; the input files are unchanged; an output's external
   data holds only the bytes its tensors reference.
 
@@ -188,22 +189,26 @@ def independent_numbers(reference: Path, candidate: Path, feeds: dict[str, np.nd
     return rows
 
 
-def output_grids(path: Path) -> dict[str, tuple]:
-    """Scale, zero-point and type of every graph output a QuantizeLinear writes (constants read from the file)."""
+def interface_grids(path: Path) -> dict[str, tuple]:
+    """Scale, zero-point and type of the integers a graph exchanges with its caller: each graph output a
+    QuantizeLinear writes and each graph input a DequantizeLinear reads (constants read from the file)."""
     model = onnx.load(str(path), load_external_data=False)
     constants = {t.name: t for t in model.graph.initializer}
     constants.update({n.output[0]: a.t for n in model.graph.node if n.op_type == "Constant" for a in n.attribute
                       if a.name == "value"})
-    producers = {o: n for n in model.graph.node for o in n.output}
+    outputs, inputs = {o.name for o in model.graph.output}, {i.name for i in model.graph.input} - set(constants)
     grids = {}
-    for output in model.graph.output:
-        node = producers.get(output.name)
-        if node is None or node.op_type != "QuantizeLinear":
+    for node in model.graph.node:
+        if node.op_type == "QuantizeLinear" and node.output[0] in outputs:
+            key = f"output {node.output[0]}"
+        elif node.op_type == "DequantizeLinear" and node.input[0] in inputs:
+            key = f"input {node.input[0]} ({node.name})"
+        else:
             continue
         params = [constants.get(name) if name else None for name in list(node.input[1:3]) + [""] * (3 - len(node.input))]
         if any(p is not None and p.data_location == onnx.TensorProto.EXTERNAL for p in params):
             continue
-        grids[output.name] = tuple(
+        grids[key] = tuple(
             None if p is None else (p.data_type, onnx.numpy_helper.to_array(p).ravel().tolist()) for p in params[:2]
         )
     return grids
@@ -265,8 +270,8 @@ def test_invariants(entry: Entry, target: str, tmp_path: Path, conformance_matri
             again = qdq("verify", path, out, "--format", "json")  # same seed (0), tolerances aside
             assert again.code in (0, 1), again.err
             assert_same_numbers(verification["outputs"], again.json()["outputs"])
-    # Integers a graph output hands over are the model's interface: their grid is what they mean.
-    assert output_grids(out) == output_grids(path), "the grid of an integer graph output changed"
+    # Integers a graph takes or hands over are its interface: their grid is what they mean.
+    assert interface_grids(out) == interface_grids(path), "the grid of integers at a graph input or output changed"
 
     # A second fix of the output has nothing left to change.
     second = qdq("fix", out, "--target", target, "--dry-run", "--no-verify", "--format", "json")

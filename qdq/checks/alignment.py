@@ -53,10 +53,10 @@ class _SharedScale(Rule):
 
 def can_share(ctx: CheckContext, members: list[QTensor]) -> bool:
     """Whether one per-tensor scale and zero-point can serve every member (same type, constant parameters,
-    integers that are not a graph output)."""
+    integers that are not a graph input or output)."""
     params = [ctx.index.params(qt.nodes[0]) for qt in members]
     return (
-        all(scale_of(ctx.index, qt) is not None and not ctx.index.is_graph_output(qt.integer) for qt in members)
+        all(scale_of(ctx.index, qt) is not None and not ctx.index.is_interface(qt.integer) for qt in members)
         and len({p.elem_type for p in params}) == 1
         and all(is_uniform(p.zero_point) for p in params)
     )

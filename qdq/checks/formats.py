@@ -170,9 +170,9 @@ class PerAxisScale(Rule):
 
 
 def _integers_internal(ctx: CheckContext, qt: QTensor) -> bool:
-    """Whether a value's integers stay inside the graph: a new grid for integers that are a graph output
-    would change the model's interface, not only its numbers."""
-    return not ctx.index.is_graph_output(qt.integer)
+    """Whether a value's integers stay inside the graph: a new grid for integers that are a graph input
+    or output would change the model's interface, not only its numbers."""
+    return not ctx.index.is_interface(qt.integer)
 
 
 def _per_axis_fixable(params: QParams) -> bool:
