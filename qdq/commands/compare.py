@@ -116,12 +116,12 @@ def check_fail_on(comparison: Comparison, conditions: dict[str, float | None]) -
     if conditions and not comparison.same_network:
         paired, larger = comparison.compute_pairing()
         return [f"different networks: only {paired} of {larger} compute layers pair"]
-    only_b = comparison.of_kind("only-in-b")
+    n = comparison.breakdown()
     counts = {
-        "qdq-reformat": sum(1 for d in only_b if d.details.get("role") == "qdq"),
-        "reformat": sum(1 for d in only_b if d.details.get("role") in ("qdq", "reformat")),
-        "precision": sum(1 for d in comparison.of_kind("precision") if d.details["direction"] == "lost-int8"),
-        "fusion": len(comparison.of_kind("fusion")),
+        "qdq-reformat": n["qdq_only_in_b"],
+        "reformat": n["qdq_only_in_b"] + n["reformats_only_in_b"],
+        "precision": n["lost_int8"],
+        "fusion": n["split_fusions"],
     }
     failed = [f"{name}: {counts[name]}" for name in counts if name in conditions and counts[name]]
     totals = comparison.totals()

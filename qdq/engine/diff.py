@@ -94,6 +94,22 @@ class Comparison:
             rows[diff.region]["differences"] += 1
         return list(rows.values())
 
+    def breakdown(self) -> dict[str, int]:
+        """The differences counted the way reports and `--fail-on` read them."""
+        only_b = Counter(d.details.get("role") for d in self.of_kind("only-in-b"))
+        precision = Counter(d.details["direction"] for d in self.of_kind("precision"))
+        return {
+            "qdq_only_in_b": only_b["qdq"],
+            "reformats_only_in_b": only_b["reformat"],
+            "compute_only_in_b": only_b["compute"],
+            "lost_int8": precision["lost-int8"],
+            "float_residual": sum(1 for d in self.of_kind("precision") if d.details["float_residual"]),
+            "gained_int8": precision["gained-int8"],
+            "other_precision": precision["changed"],
+            "split_fusions": len(self.of_kind("fusion")),
+            "only_in_a": len(self.of_kind("only-in-a")),
+        }
+
     def to_dict(self) -> dict[str, Any]:
         return {
             "version": SCHEMA_VERSION,

@@ -71,20 +71,16 @@ def _timed(comparison: Comparison) -> bool:
 
 
 def _summary(comparison: Comparison) -> str:
-    qdq = [d for d in comparison.of_kind("only-in-b") if d.details.get("role") == "qdq"]
-    reformats = [d for d in comparison.of_kind("only-in-b") if d.details.get("role") == "reformat"]
-    lost = [d for d in comparison.of_kind("precision") if d.details["direction"] == "lost-int8"]
-    residual = [d for d in lost if d.details["float_residual"]]
-    parts = [f"{len(qdq)} standalone Q/DQ layer(s) only in B", f"{len(reformats)} reformat(s) only in B",
-             f"{len(lost)} layer(s) with an INT8 input or output in A that is float in B ({len(residual)} Conv+Add with a float residual)",
-             f"{len(comparison.of_kind('fusion'))} fusion(s) of A split in B",
-             f"{len(comparison.of_kind('only-in-a'))} non-NoOp layer(s) only in A"]
-    gained = [d for d in comparison.of_kind("precision") if d.details["direction"] == "gained-int8"]
-    if gained:
-        parts.append(f"{len(gained)} layer(s) float in A but INT8 in B")
-    other = [d for d in comparison.of_kind("precision") if d.details["direction"] == "changed"]
-    if other:
-        parts.append(f"{len(other)} layer(s) with other data types and no INT8 on either side (e.g. FP32 -> FP16)")
+    n = comparison.breakdown()
+    parts = [f"{n['qdq_only_in_b']} standalone Q/DQ layer(s) only in B", f"{n['reformats_only_in_b']} reformat(s) only in B",
+             f"{n['lost_int8']} layer(s) with an INT8 input or output in A that is float in B "
+             f"({n['float_residual']} Conv+Add with a float residual)",
+             f"{n['split_fusions']} fusion(s) of A split in B",
+             f"{n['only_in_a']} non-NoOp layer(s) only in A"]
+    if n["gained_int8"]:
+        parts.append(f"{n['gained_int8']} layer(s) float in A but INT8 in B")
+    if n["other_precision"]:
+        parts.append(f"{n['other_precision']} layer(s) with other data types and no INT8 on either side (e.g. FP32 -> FP16)")
     return "Summary: " + ", ".join(parts) + "."
 
 
