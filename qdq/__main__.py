@@ -1,5 +1,5 @@
 """`python -m qdq` runs the command line."""
 
-from cli import entry_point
+from qdq.cli import entry_point
 
 entry_point()

@@ -41,6 +41,8 @@ class FixResult:
     # Codes that still changed something in the last round when the round limit was hit.
     still_changing: list[str] = field(default_factory=list)
     exact_only: bool = False
+    # The model the fixes edited, ready for `save_model`.
+    model: Model | None = field(default=None, repr=False)
 
     def by_rule(self) -> dict[str, int]:
         """How many changes each rule made (a tensor moved twice counts twice)."""
@@ -125,4 +127,4 @@ def _fix(
             tidy(model.graph)  # drop the nodes the fixes left unused
     still = sorted({c.code for c in last_round}) if not converged else []
     result = lint(model, ruleset, ranges, checked=found if converged else None)
-    return FixResult(changes, rounds, converged, max_rounds, result, still, exact_only)
+    return FixResult(changes, rounds, converged, max_rounds, result, still, exact_only, model)

@@ -16,13 +16,8 @@ from collections import OrderedDict
 import onnx
 import onnx_graphsurgeon as gs
 from onnx import AttributeProto
-from onnx_graphsurgeon.logger import G_LOGGER
 from onnx_graphsurgeon.importers.onnx_importer import OnnxImporter, get_itemsize, get_onnx_tensor_dtype
 from onnx_graphsurgeon.util.misc import SynchronizedList
-
-# graphsurgeon logs to stdout ("[W] Could not convert: FLOAT8E4M3FN …", "colored module is not
-# installed"), where qdq's JSON and SARIF reports go; qdq reports what matters in its own words.
-G_LOGGER.severity = G_LOGGER.ERROR
 
 _new = object.__new__
 _PLAIN_ATTRIBUTES = {
