@@ -1,4 +1,4 @@
-"""Run a rule set over a model and collect the findings."""
+"""Run a rule set over a model and collect the findings; gather the results of one run over many models."""
 
 from __future__ import annotations
 
@@ -54,6 +54,60 @@ def predict(finding: Finding, cfg: RuleConfig) -> Finding:
             count = len(count)
         finding.reformats = int(count)
     return finding
+
+
+def identity(finding: Finding) -> tuple[str, str | None, tuple[str, ...]]:
+    """What makes a finding the same one from run to run: rule, node and tensors, never its wording or values.
+
+    Fingerprints (SARIF, GitLab) and baselines are built on it, so rewording a message moves nothing.
+    """
+    return finding.code, finding.node, tuple(finding.tensors)
+
+
+@dataclass
+class Unreadable:
+    """A model that could not be read: reported, and the run's exit code is 2, but the others are still linted."""
+
+    model_path: Path
+    error: str
+
+
+@dataclass
+class LintReport:
+    """One `qdq lint` run: the result of every model (or why it could not be read), for one report and one exit code."""
+
+    ruleset: RuleSet
+    models: list[LintResult | Unreadable] = field(default_factory=list)
+    # Findings left out because the baseline already records them.
+    baselined: int = 0
+
+    @classmethod
+    def of(cls, run: LintResult | LintReport) -> LintReport:
+        """What a report writer renders: a whole run, or one model's result as a run of one."""
+        return run if isinstance(run, LintReport) else cls(run.ruleset, [run])
+
+    @property
+    def results(self) -> list[LintResult]:
+        return [m for m in self.models if isinstance(m, LintResult)]
+
+    @property
+    def unreadable(self) -> list[Unreadable]:
+        return [m for m in self.models if isinstance(m, Unreadable)]
+
+    @property
+    def findings(self) -> list[Finding]:
+        return [f for result in self.results for f in result.findings]
+
+    @property
+    def rules_run(self) -> list[str]:
+        """Every rule that ran on at least one model, in order (a model without Q/DQ runs none)."""
+        return list(dict.fromkeys(code for result in self.results for code in result.rules_run))
+
+    def count(self, severity: Severity) -> int:
+        return sum(result.count(severity) for result in self.results)
+
+    def failing(self, threshold: Severity) -> list[Finding]:
+        return [f for result in self.results for f in result.failing(threshold)]
 
 
 class _Template(dict):

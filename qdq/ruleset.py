@@ -274,9 +274,11 @@ class ProjectConfig:
     select: list[str] = field(default_factory=list)
     ignore: list[str] = field(default_factory=list)
     fail_on: str | None = None
+    # Node-name glob -> upper-case codes or prefixes not reported on matching nodes (`qdq.suppression`).
+    per_node_ignores: dict[str, list[str]] = field(default_factory=dict)
 
 
-_PROJECT_KEYS = {"target", "rules", "select", "ignore", "fail-on"}
+_PROJECT_KEYS = {"target", "rules", "select", "ignore", "fail-on", "per-node-ignores"}
 
 
 def find_project_config(start: Path) -> ProjectConfig:
@@ -317,4 +319,24 @@ def _project_config(path: Path, data: Any) -> ProjectConfig:
         select=_str_list(data, "select", path),
         ignore=_str_list(data, "ignore", path),
         fail_on=data.get("fail-on"),
+        per_node_ignores=_per_node_ignores(data.get("per-node-ignores", {}), path),
     )
+
+
+def _per_node_ignores(table: Any, path: Path) -> dict[str, list[str]]:
+    """Validated `[tool.qdq.per-node-ignores]`: every code must name at least one known rule, as
+    with --ignore, so a typo cannot silently suppress nothing."""
+    where = f"{path}: [tool.qdq.per-node-ignores]"
+    if not isinstance(table, dict):
+        raise RuleSetError(f"{where} must be a table of node-name patterns")
+    known = all_rules()
+    ignores = {}
+    for pattern, codes in table.items():
+        if not isinstance(codes, list) or not all(isinstance(code, str) for code in codes):
+            raise RuleSetError(f"{where} {pattern!r} must be a list of rule codes")
+        codes = [code.upper() for code in codes]
+        for code in codes:
+            if code != "ALL" and not (code and any(k.startswith(code) for k in known)):
+                raise RuleSetError(f"{where} {pattern!r}: no rule matches {code!r} (see `qdq rules`)")
+        ignores[pattern] = codes
+    return ignores

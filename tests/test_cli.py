@@ -19,6 +19,7 @@ from builders import GraphBuilder
 
 import cli
 from qdq import __version__
+from qdq.reports import FORMATS
 from qdq.rule import all_rules
 from qdq.ruleset import load_target
 
@@ -152,17 +153,21 @@ def parse(fmt: str, text: str) -> list[str]:
         root = ET.fromstring(text)
         passing = "\n".join(out.text or "" for out in root.iter("system-out"))
         return [f.get("type") for f in root.iter("failure")] + parse("text", passing)
+    if fmt == "github":  # ::warning file=m.onnx,title=QDQ201 name::message
+        return [line.split(",title=", 1)[1].split()[0] for line in text.splitlines()]
+    if fmt == "gitlab":
+        return [issue["check_name"] for issue in json.loads(text)]
     return [line.split()[1] for line in text.splitlines() if " QDQ" in line and "[" in line]
 
 
-@pytest.mark.parametrize("fmt", ["text", "json", "sarif", "junit"])
+@pytest.mark.parametrize("fmt", FORMATS)
 def test_formats_to_stdout(capsys, mixed, fmt):
     code, out, err = run(capsys, "lint", mixed, "--format", fmt, model=mixed)
     assert (code, err) == (1, "")
     assert sorted(parse(fmt, out)) == ["QDQ001"] + ["QDQ201"] * 2 + ["QDQ202"] * 2
 
 
-@pytest.mark.parametrize("fmt", ["text", "json", "sarif", "junit"])
+@pytest.mark.parametrize("fmt", FORMATS)
 def test_formats_to_file(capsys, tmp_path, mixed, fmt):
     report = tmp_path / "reports" / f"report.{fmt}"
     report.parent.mkdir()
@@ -336,7 +341,7 @@ def test_inspect_json(capsys, ort_model, tmp_path):
 
 
 def test_lint_ort_model_never_modifies_it(capsys, ort_model):
-    for fmt in ("text", "json", "sarif", "junit"):
+    for fmt in FORMATS:
         assert run(capsys, "lint", ort_model, "--format", fmt, model=ort_model)[0] in (0, 1)
 
 

@@ -32,6 +32,7 @@ from qdq.model import Model, save_model
 from qdq.reports import fix as fix_report
 from qdq.reports.json import dumps
 from qdq.rule import FixSafety, all_rules
+from qdq.suppression import drop_ignored
 from qdq.verify import CandidateFailed, UnfeedableInput, VerifyResult, compare, load_samples
 
 EXIT_CLEAN, EXIT_NOT_CLEAN = 0, 1
@@ -108,6 +109,7 @@ def run(args: argparse.Namespace) -> int:
     search, budget = search_settings(ruleset)
     if search and samples and fixed.converged and not args.exact_only:
         fixed = search_exponents(model, args.model, samples, ruleset, fixed, ranges, budget)
+    drop_ignored(fixed.result, config.per_node_ignores)  # as `qdq lint` reports them
     if not fixed.changes:
         skipped = None  # nothing to verify
     verification, unfeedable, written = _save_verified(model, args, fixed, feeds)

@@ -1,4 +1,8 @@
-"""Machine-readable JSON report: a stable, versioned document for scripts and dashboards."""
+"""Machine-readable JSON report: a stable, versioned document for scripts and dashboards.
+
+One document per run, whatever the number of models: `models` lists each model (its summary, its
+notes, or why it could not be read) and `findings` is one flat list, each finding naming its model.
+"""
 
 from __future__ import annotations
 
@@ -8,29 +12,53 @@ from enum import Enum
 from pathlib import Path
 from typing import Any
 
-from qdq.lint import LintResult
+from qdq.lint import LintReport, LintResult
 from qdq.rule import Severity
 
-SCHEMA_VERSION = 1
+# 2: several models per document (`models`, and `model` on each finding instead of at the top).
+SCHEMA_VERSION = 2
 
 
-def render(result: LintResult, *, fail_on: Severity) -> str:
+def render(run: LintResult | LintReport, *, fail_on: Severity) -> str:
+    report = LintReport.of(run)
+    several = len(report.models) > 1
     document = {
         "version": SCHEMA_VERSION,
         "tool": "qdq",
-        "model": str(result.model_path),
-        "ruleset": result.ruleset.name,
-        "rules_checked": list(result.rules_run),
+        "ruleset": report.ruleset.name,
+        "rules_checked": report.rules_run,
         "summary": {
-            "error": result.count(Severity.ERROR),
-            "warning": result.count(Severity.WARNING),
-            "info": result.count(Severity.INFO),
-            "failing": len(result.failing(fail_on)),
+            **_counts(report, fail_on),
+            "models": len(report.models),
+            "unreadable": len(report.unreadable),
+            "baselined": report.baselined,
         },
-        "notes": list(result.notes),
-        "findings": [f.to_dict() for f in result.findings],
+        "models": [
+            _model(m, fail_on) if isinstance(m, LintResult) else {"path": m.model_path, "error": m.error}
+            for m in report.models
+        ],
+        "notes": [f"{r.model_path}: {note}" if several else note for r in report.results for note in r.notes],
+        "findings": [{"model": r.model_path, **f.to_dict()} for r in report.results for f in r.findings],
     }
     return dumps(document)
+
+
+def _model(result: LintResult, fail_on: Severity) -> dict[str, Any]:
+    return {
+        "path": result.model_path,
+        "rules_checked": list(result.rules_run),
+        "summary": _counts(result, fail_on),
+        "notes": list(result.notes),
+    }
+
+
+def _counts(of: LintReport | LintResult, fail_on: Severity) -> dict[str, int]:
+    return {
+        "error": of.count(Severity.ERROR),
+        "warning": of.count(Severity.WARNING),
+        "info": of.count(Severity.INFO),
+        "failing": len(of.failing(fail_on)),
+    }
 
 
 def dumps(document: Any) -> str:

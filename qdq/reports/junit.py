@@ -1,15 +1,18 @@
 """JUnit XML report for CI test widgets (GitLab `artifacts:reports:junit`, Jenkins, Azure).
 
-Each checked rule is a test case, so a clean rule shows as a passing test; each finding at or
-above `--fail-on` is a failure of its rule, and findings below it are kept in `<system-out>`.
+One test suite per model. Each finding is a test case named after its rule and node, failing
+when it is at or above `--fail-on` (the finding below it is kept in the case's `<system-out>`);
+a checked rule without findings is one passing case, so a clean model still shows its tests.
+A model that could not be read is a suite with one errored case.
 """
 
 from __future__ import annotations
 
 import re
 import xml.etree.ElementTree as ET
+from collections import Counter
 
-from qdq.lint import LintResult
+from qdq.lint import LintReport, LintResult, Unreadable
 from qdq.reports.text import finding_line
 from qdq.rule import Finding, Severity, all_rules
 
@@ -17,48 +20,54 @@ from qdq.rule import Finding, Severity, all_rules
 _INVALID_XML = re.compile("[^\t\n\r\x20-\ud7ff\ue000-\ufffd\U00010000-\U0010ffff]")
 
 
-def render(result: LintResult, *, fail_on: Severity) -> str:
-    registry = all_rules()
-    model = str(result.model_path)
-    codes = list(dict.fromkeys([*result.rules_run, *(f.code for f in result.findings)]))
-
+def render(run: LintResult | LintReport, *, fail_on: Severity) -> str:
+    report = LintReport.of(run)
+    classname = _clean(f"qdq.{report.ruleset.name}")
     suites = ET.Element("testsuites", name="qdq lint")
-    suite = ET.SubElement(suites, "testsuite", name=_clean(f"qdq lint {model}"))
-    properties = ET.SubElement(suite, "properties")
-    ET.SubElement(properties, "property", name="ruleset", value=_clean(result.ruleset.name))
-    ET.SubElement(properties, "property", name="fail_on", value=str(fail_on))
-
-    failed_cases = 0
-    for code in codes:
-        rule = registry.get(code)
-        case = ET.SubElement(
-            suite,
-            "testcase",
-            classname=_clean(f"qdq.{result.ruleset.name}"),
-            name=_clean(f"{code} {rule.name}" if rule else code),
-        )
-        findings = [f for f in result.findings if f.code == code]
-        failing = [f for f in findings if f.severity >= fail_on]
-        for finding in failing:
-            failure = ET.SubElement(case, "failure", message=_clean(_headline(finding)), type=code)
-            failure.text = _clean(_details(model, finding))
-        passing = [finding_line(model, f) for f in findings if f.severity < fail_on]
-        if passing:
-            ET.SubElement(case, "system-out").text = _clean("\n".join(passing))
-        failed_cases += bool(failing)
-    if result.notes:
-        ET.SubElement(suite, "system-out").text = _clean("\n".join(f"note: {n}" for n in result.notes))
-
-    # `failures` counts failed test cases (rules), as the JUnit schema defines it, not findings.
-    counts = {"tests": str(len(codes)), "failures": str(failed_cases), "errors": "0", "skipped": "0"}
-    suite.attrib.update(counts)
-    suites.attrib.update({k: counts[k] for k in ("tests", "failures", "errors")})
+    totals: Counter[str] = Counter()
+    for model in report.models:
+        suite = ET.SubElement(suites, "testsuite", name=_clean(f"qdq lint {model.model_path}"))
+        properties = ET.SubElement(suite, "properties")
+        ET.SubElement(properties, "property", name="ruleset", value=_clean(report.ruleset.name))
+        ET.SubElement(properties, "property", name="fail_on", value=str(fail_on))
+        if isinstance(model, Unreadable):
+            case = ET.SubElement(suite, "testcase", classname=classname, name="read the model")
+            ET.SubElement(case, "error", message=_clean(model.error), type="ModelLoadError")
+            counts = Counter(tests=1, errors=1)
+        else:
+            counts = _cases(suite, model, classname, fail_on)
+        suite.attrib.update({key: str(counts[key]) for key in ("tests", "failures", "errors", "skipped")})
+        totals.update(counts)
+    suites.attrib.update({key: str(totals[key]) for key in ("tests", "failures", "errors")})
     ET.indent(suites)
     return '<?xml version="1.0" encoding="UTF-8"?>\n' + ET.tostring(suites, encoding="unicode") + "\n"
 
 
-def _headline(finding: Finding) -> str:
-    return f"{finding.node}: {finding.message}" if finding.node else finding.message
+def _cases(suite: ET.Element, result: LintResult, classname: str, fail_on: Severity) -> Counter[str]:
+    """One case per finding, or one passing case for a checked rule that found nothing."""
+    registry = all_rules()
+    model = str(result.model_path)
+    counts: Counter[str] = Counter()
+    for code in dict.fromkeys([*result.rules_run, *(f.code for f in result.findings)]):
+        rule = registry.get(code)
+        title = f"{code} {rule.name}" if rule else code
+        findings = [f for f in result.findings if f.code == code]
+        if not findings:
+            ET.SubElement(suite, "testcase", classname=classname, name=_clean(title))
+            counts["tests"] += 1
+        for finding in findings:
+            name = f"{title}: {finding.node}" if finding.node else title
+            case = ET.SubElement(suite, "testcase", classname=classname, name=_clean(name))
+            counts["tests"] += 1
+            if finding.severity >= fail_on:
+                failure = ET.SubElement(case, "failure", message=_clean(finding.message), type=code)
+                failure.text = _clean(_details(model, finding))
+                counts["failures"] += 1
+            else:
+                ET.SubElement(case, "system-out").text = _clean(finding_line(model, finding))
+    if result.notes:
+        ET.SubElement(suite, "system-out").text = _clean("\n".join(f"note: {n}" for n in result.notes))
+    return counts
 
 
 def _details(model: str, finding: Finding) -> str:

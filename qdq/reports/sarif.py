@@ -1,7 +1,8 @@
 """SARIF 2.1.0 report, shaped for GitHub code scanning (`github/codeql-action/upload-sarif`).
 
-An .onnx file has no meaningful lines, so every result points at the model file with
-`startLine: 1` (GitHub drops results without a region) and names the node in `logicalLocations`.
+One run for all models, one artifact per model. An .onnx file has no meaningful lines, so every
+result points at its model's artifact with `startLine: 1` (GitHub drops results without a region)
+and names the node in `logicalLocations`; a model that could not be read is an error notification.
 `partialFingerprints` let GitHub track a finding across runs even though its "line" never moves.
 """
 
@@ -13,9 +14,10 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
-from qdq.lint import LintResult
+from qdq.lint import LintReport, LintResult, Unreadable, identity
 from qdq.reports.json import dumps
 from qdq.rule import Finding, Rule, Severity, all_rules
+from qdq.ruleset import RuleSet
 
 SCHEMA = "https://json.schemastore.org/sarif-2.1.0.json"
 # GitHub rejects an upload with more results than this in one run.
@@ -25,31 +27,39 @@ FINGERPRINT_KEY = "qdqFinding/v1"
 _LEVELS = {Severity.ERROR: "error", Severity.WARNING: "warning", Severity.INFO: "note"}
 
 
-def render(result: LintResult, *, fail_on: Severity) -> str:
-    codes = list(dict.fromkeys([*result.rules_run, *(f.code for f in result.findings)]))
+def render(run: LintResult | LintReport, *, fail_on: Severity) -> str:
+    report = LintReport.of(run)
+    codes = list(dict.fromkeys([*report.rules_run, *(f.code for f in report.findings)]))
     index = {code: i for i, code in enumerate(codes)}
     registry = all_rules()
-    uri = artifact_uri(result.model_path)
+    # One artifact per model; every result and notification points at its model's by index.
+    artifacts = [{"location": {"uri": artifact_uri(m.model_path)}, "roles": ["analysisTarget"]} for m in report.models]
+    located, notifications = [], []
+    for number, model in enumerate(report.models):
+        if isinstance(model, Unreadable):
+            notifications.append(_notification("error", model.error, artifacts, number))
+        else:
+            located += [(finding, number) for finding in model.findings]
+            notifications += [_notification("note", note, artifacts, number) for note in model.notes]
     # If GitHub's limit forces a cut, keep the most severe findings.
-    kept = sorted(result.findings, key=lambda f: -f.severity)[:MAX_RESULTS]
-    dropped = len(result.findings) - len(kept)
+    kept = sorted(located, key=lambda pair: -pair[0].severity)[:MAX_RESULTS]
+    dropped = len(located) - len(kept)
 
-    notifications = [{"level": "note", "message": {"text": note}} for note in result.notes]
     run: dict[str, Any] = {
         "tool": {
             "driver": {
                 "name": "qdq",
                 "version": _version(),
-                "rules": [_rule(code, registry.get(code), result) for code in codes],
+                "rules": [_rule(code, registry.get(code), report.ruleset) for code in codes],
             }
         },
-        "invocations": [{"executionSuccessful": True, "toolExecutionNotifications": notifications}],
-        "results": [_result(f, index[f.code], uri) for f in kept],
-        "properties": {"ruleset": result.ruleset.name, "failOn": str(fail_on)},
+        "invocations": [{"executionSuccessful": not report.unreadable, "toolExecutionNotifications": notifications}],
+        "artifacts": artifacts,
+        "results": [_result(finding, index[finding.code], artifacts, number) for finding, number in kept],
+        "properties": {"ruleset": report.ruleset.name, "failOn": str(fail_on)},
     }
     if dropped:
-        total = len(result.findings)
-        text = f"{dropped} of {total} results dropped: GitHub accepts at most {MAX_RESULTS} per run"
+        text = f"{dropped} of {len(located)} results dropped: GitHub accepts at most {MAX_RESULTS} per run"
         notifications.append({"level": "warning", "message": {"text": text}})
         run["properties"]["droppedResults"] = dropped
     return dumps({"$schema": SCHEMA, "version": "2.1.0", "runs": [run]})
@@ -64,16 +74,17 @@ def artifact_uri(path: Path) -> str:
 
 
 def fingerprint(finding: Finding) -> str:
-    """Stable identity of a finding: rule, node and tensors, never the message or values."""
-    key = f"{finding.code}:{finding.node or ''}:{','.join(finding.tensors)}"
+    """A hash of the finding's `identity` (rule, node, tensors): it survives reworded messages."""
+    code, node, tensors = identity(finding)
+    key = f"{code}:{node or ''}:{','.join(tensors)}"
     return hashlib.sha256(key.encode()).hexdigest()
 
 
-def _rule(code: str, rule: type[Rule] | None, result: LintResult) -> dict[str, Any]:
+def _rule(code: str, rule: type[Rule] | None, ruleset: RuleSet) -> dict[str, Any]:
     """The driver's description of one rule; codes missing from the registry still get an entry."""
     name = rule.name if rule else code
     doc = rule.doc() if rule else ""
-    config = result.ruleset.rules.get(code)
+    config = ruleset.rules.get(code)
     severity = config.severity if config else (rule.severity if rule else Severity.WARNING)
     summary = " ".join(doc.split("\n\n")[0].split()) or name
     return {
@@ -86,10 +97,18 @@ def _rule(code: str, rule: type[Rule] | None, result: LintResult) -> dict[str, A
     }
 
 
-def _result(finding: Finding, rule_index: int, uri: str) -> dict[str, Any]:
-    location: dict[str, Any] = {
-        "physicalLocation": {"artifactLocation": {"uri": uri}, "region": {"startLine": 1}}
-    }
+def _physical(artifacts: list[dict[str, Any]], number: int) -> dict[str, Any]:
+    """Where in model `number` (its artifact): line 1, the only line an .onnx file has for GitHub."""
+    uri = artifacts[number]["location"]["uri"]
+    return {"artifactLocation": {"uri": uri, "index": number}, "region": {"startLine": 1}}
+
+
+def _notification(level: str, text: str, artifacts: list[dict[str, Any]], number: int) -> dict[str, Any]:
+    return {"level": level, "message": {"text": text}, "locations": [{"physicalLocation": _physical(artifacts, number)}]}
+
+
+def _result(finding: Finding, rule_index: int, artifacts: list[dict[str, Any]], number: int) -> dict[str, Any]:
+    location: dict[str, Any] = {"physicalLocation": _physical(artifacts, number)}
     if finding.node:
         location["logicalLocations"] = [{"fullyQualifiedName": finding.node, "kind": "member"}]
     properties: dict[str, Any] = {"tensors": list(finding.tensors), "values": finding.values}
