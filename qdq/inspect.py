@@ -18,6 +18,9 @@ How a compute node (`QuantIndex.compute_nodes()`) is classified:
   counted in `model.integer_only_nodes`, not in `ops`.
 
 A tensor whose element type is unknown counts as float, so an unknown never hides a float op.
+
+`tensors` lists every quantized value, one row each (`qdq inspect --tensors`), under the name the
+model gives it: the float tensor a Q reads, or the stored integers a DQ reads.
 """
 
 from __future__ import annotations
@@ -33,6 +36,7 @@ from qdq import pow2
 from qdq.dtypes import type_name
 from qdq.lint import LintResult
 from qdq.model import Model
+from qdq.operands import role
 from qdq.quant_index import (
     BLOCKED,
     DEQUANTIZE,
@@ -331,6 +335,82 @@ def _notes(index: QuantIndex, summary: dict[str, Any]) -> list[str]:
             "that only handle integer or bool tensors (shape arithmetic)"
         )
     return notes
+
+
+# --- one row per quantized tensor ------------------------------------------------------------------------
+
+
+def tensors(model: Model) -> list[dict[str, Any]]:
+    """Every quantized value with its type, granularity, scale, zero-point, fix position and role.
+
+    `scale`, `zero_point` and `pos` are a number when every channel or block has the same one,
+    `[min, max]` otherwise, and None when computed at run time; `pos` = -log2(scale) only when
+    every scale is an exact power of two.
+    """
+    index = QuantIndex(model)
+    rows = []
+    for qt in index.qtensors:
+        params = _tensor_params(index, qt)
+        rows.append({
+            "name": qt.float_input.name if qt.float_input is not None else qt.integer.name,
+            "dtype": params.qtype.name if params.qtype else type_name(params.elem_type),
+            "granularity": params.granularity,
+            "axis": params.axis if params.granularity != PER_TENSOR else None,
+            "block_size": params.block_size or None,
+            "scale": _value_or_range(params.scale),
+            "zero_point": _value_or_range(params.zero_point, int),
+            "pos": _pos(params.scale),
+            "role": role(index, qt),
+        })
+    return rows
+
+
+def _value_or_range(values: np.ndarray | None, kind: type = float) -> Any:
+    if values is None or values.size == 0:
+        return None
+    flat = values.ravel()
+    if not np.all(np.isfinite(flat)):
+        kind = float  # a float8 zero-point can be NaN; QDQ002 reports it
+    low, high = kind(flat.min()), kind(flat.max())
+    return low if low == high else [low, high]
+
+
+def _pos(scale: np.ndarray | None) -> int | list[int] | None:
+    if scale is None or not pow2.all_pow2(scale):
+        return None
+    positions = _value_or_range(scale)
+    if isinstance(positions, list):  # the finest scale is the highest position
+        return [pow2.int_pos(positions[1]), pow2.int_pos(positions[0])]
+    return pow2.int_pos(positions)
+
+
+def render_tensors(rows: list[dict[str, Any]]) -> str:
+    """The rows as aligned columns; a range is `min..max`, a missing value `-`."""
+    headers = ("tensor", "dtype", "granularity", "scale", "zero point", "pos", "role")
+    table = [headers] + [
+        (row["name"], row["dtype"], _granularity_text(row), _range_text(row["scale"], "{:.6g}"),
+         _range_text(row["zero_point"], "{:g}"), _range_text(row["pos"], "{}"), row["role"])
+        for row in rows
+    ]
+    widths = [max(len(line[column]) for line in table) for column in range(len(headers))]
+    return "".join("  " + "  ".join(cell.ljust(width) for cell, width in zip(line, widths)).rstrip() + "\n"
+                   for line in table)
+
+
+def _granularity_text(row: dict[str, Any]) -> str:
+    if row["granularity"] == PER_AXIS:
+        return f"per-axis {row['axis']}"
+    if row["granularity"] == BLOCKED:
+        return f"blocked {row['axis']} ({row['block_size']})"
+    return row["granularity"]
+
+
+def _range_text(value: Any, form: str) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, list):
+        return f"{form.format(value[0])}..{form.format(value[1])}"
+    return form.format(value)
 
 
 # --- text -----------------------------------------------------------------------------------------------

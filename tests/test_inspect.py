@@ -11,7 +11,8 @@ import onnx_graphsurgeon as gs
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from qdq.inspect import render_text, summarize
+from cli_run import qdq
+from qdq.inspect import render_tensors, render_text, summarize, tensors
 from qdq.model import Model, load_model
 
 OPSET = 17
@@ -288,3 +289,85 @@ def test_onnxruntime_quantize_static_per_channel(tmp_path):
     assert tensors["stored"] == 4
     assert tensors["by_granularity"]["per-axis"] == 4
     assert tensors["by_dtype"]["int8"] >= 2 and tensors["by_dtype"]["int32"] == 2
+
+
+# --- --tensors on corpus models, checked against the file read with onnx and numpy ---------------------
+
+CORPUS = Path(__file__).resolve().parent / "corpus"
+
+
+def _file_params(path: Path) -> dict[str, tuple[np.ndarray, np.ndarray | None, int]]:
+    """Scale, zero-point and axis of each quantized value, by the name its Q reads or its DQ's stored integers."""
+    graph = onnx.load(str(path)).graph
+    inits = {t.name: numpy_helper.to_array(t) for t in graph.initializer}
+    found = {}
+    for node in graph.node:
+        stored = node.op_type == "DequantizeLinear" and node.input[0] in inits
+        if node.op_type == "QuantizeLinear" or stored:
+            zero_point = inits[node.input[2]] if len(node.input) > 2 and node.input[2] else None
+            axis = next((a.i for a in node.attribute if a.name == "axis"), 1)
+            found[node.input[0]] = (inits[node.input[1]], zero_point, axis)
+    return found
+
+
+def _range(values: np.ndarray):
+    low, high = float(values.min()), float(values.max())
+    return low if low == high else [low, high]
+
+
+def test_tensors_of_a_power_of_two_model_match_the_file():
+    path = CORPUS / "quark" / "resnet_xint8.onnx"
+    rows = tensors(load_model(path))
+    expected = _file_params(path)
+
+    assert sorted(row["name"] for row in rows) == sorted(expected)
+    for row in rows:
+        scale, zero_point, _ = expected[row["name"]]
+        assert row["granularity"] == "per-tensor" and row["scale"] == float(scale)
+        assert row["zero_point"] == int(zero_point) and row["dtype"] == str(zero_point.dtype)
+        assert isinstance(row["pos"], int) and 2.0 ** -row["pos"] == float(scale)
+    assert {row["role"] for row in rows} == {"activation", "weight", "bias"}
+
+
+def test_tensors_of_a_per_channel_model_match_the_file():
+    path = CORPUS / "ort" / "resnet_u8_per_channel_reduce_range.onnx"
+    rows = {row["name"]: row for row in tensors(load_model(path))}
+    expected = _file_params(path)
+
+    assert set(rows) == set(expected)
+    for name, (scale, zero_point, axis) in expected.items():
+        row = rows[name]
+        assert row["scale"] == _range(scale) and row["zero_point"] == _range(zero_point)
+        assert row["dtype"] == str(zero_point.dtype) and row["pos"] is None  # no scale here is a power of two
+        if scale.size > 1:
+            assert (row["granularity"], row["axis"]) == ("per-axis", axis)
+        else:
+            assert (row["granularity"], row["axis"], row["role"]) == ("per-tensor", None, "activation")
+    weights = [row for row in rows.values() if row["role"] == "weight"]
+    assert len(weights) == 10 and all(row["dtype"] == "int8" and row["granularity"] == "per-axis" for row in weights)
+    assert sum(row["role"] == "bias" for row in rows.values()) == 10
+
+
+def test_tensors_text_is_aligned():
+    rows = tensors(load_model(CORPUS / "ort" / "resnet_u8_per_channel_reduce_range.onnx"))
+    lines = render_tensors(rows).splitlines()
+    assert lines[0].split() == ["tensor", "dtype", "granularity", "scale", "zero", "point", "pos", "role"]
+    assert len(lines) == len(rows) + 1
+    column = lines[0].index("dtype")
+    assert all(line[column - 2:column] == "  " and line[column] != " " for line in lines)
+    weight = next(line for line in lines if "fc.weight_quantized" in line)
+    assert "per-axis 0" in weight and ".." in weight and weight.split()[-2:] == ["-", "weight"]
+
+
+def test_inspect_several_models_with_tensors_as_json():
+    paths = [CORPUS / "quark" / "resnet_xint8.onnx", CORPUS / "ort" / "resnet_u8_per_channel_reduce_range.onnx"]
+    run = qdq("inspect", *paths, "--tensors", "--format", "json")
+    assert run.code == 0, run.err
+    summaries = run.json()
+    assert [s["model"]["path"] for s in summaries] == [str(p) for p in paths]
+    assert all(s["tensors"] == tensors(load_model(p)) for s, p in zip(summaries, paths))
+
+    single = qdq("inspect", paths[0], "--format", "json").json()
+    assert single["model"]["path"] == str(paths[0]) and "tensors" not in single
+    text = qdq("inspect", *paths, "--tensors").out
+    assert text.count("Model  ") == 2 and text.count("Tensors (") == 2

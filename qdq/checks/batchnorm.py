@@ -25,6 +25,9 @@ from qdq.rule import Change, CheckContext, Finding, FixSafety, Rule, Severity, r
 
 _CONSTANT_STEPS = ("Mul", "Div", "Add", "Sub")
 _BN = "BatchNormalization"
+# What decides which chains fold; in the rule set's [params], because the rules that leave the float
+# edges inside those chains to QDQ204 (QDQ801, QDQ804: `folded_away`) must decide the same way.
+FOLD_PARAMETERS = {"exact_rtol": 1e-6, "fold_scaling_ops": True}
 
 
 @dataclass
@@ -85,7 +88,9 @@ class UnfoldedBatchNorm(Rule):
     Parameters: `ops` (the weighted ops; Conv, ConvTranspose and Gemm are supported),
     `exact_rtol`, and `fold_scaling_ops` (default true): also fold chains of constant
     Div/Mul/Add/Sub that have no BatchNormalization, which block fusion just the same; with
-    false only chains that end in a BatchNormalization are reported.
+    false only chains that end in a BatchNormalization are reported. The last two sit in the
+    rule set's [params]: QDQ801 and QDQ804 read them to leave the float edges inside a chain
+    this fix removes to this rule (folding, not a new Q/DQ, is what lets the conv fuse).
 
     Example: `DQ(x), DQ(W) → Conv → Div(c) → BatchNormalization → Relu → Q` with k ≡ 1 becomes
     `DQ(x), DQ(W) → Conv(bias = β − γ·μ/σ) → Relu → Q`.
@@ -96,7 +101,7 @@ class UnfoldedBatchNorm(Rule):
     message = "{node}: {chain} after the quantized {op} blocks its fusion with the output Q{note}"
     severity = Severity.WARNING
     fix_safety = FixSafety.APPROXIMATE
-    parameters = {"ops": ["Conv", "ConvTranspose", "Gemm"], "exact_rtol": 1e-6, "fold_scaling_ops": True}
+    parameters = {"ops": ["Conv", "ConvTranspose", "Gemm"], **FOLD_PARAMETERS}
 
     def check(self, ctx: CheckContext) -> Iterable[Finding]:
         ops = set(ctx.params["ops"])
@@ -135,6 +140,20 @@ class UnfoldedBatchNorm(Rule):
             step.outputs.clear()
         node.outputs[0] = out
         return [Change(self.code, node.name, out.name, old, node.op, _sentence(chain, values), values)]
+
+
+def folded_away(ctx: CheckContext) -> set[int]:
+    """The float tensors QDQ204's fix takes out of the graph, by id: the output of every weighted op
+    with a chain it can fold, and the output of every step of that chain but the last.
+
+    Reads `fold_scaling_ops` and `exact_rtol` from the asking rule's parameters (shared [params]).
+    """
+    gone: set[int] = set()
+    for node in ctx.graph.nodes:
+        chain = _find_chain(ctx, node)
+        if chain is not None and _unfixable(ctx, chain) is None:
+            gone.update(id(tensor) for tensor in [node.outputs[0], *(step.outputs[0] for step in chain.steps[:-1])])
+    return gone
 
 
 # --- finding the chain ---------------------------------------------------------------------------------

@@ -14,13 +14,20 @@ import onnx_graphsurgeon as gs
 from onnx import TensorProto
 
 from qdq import pow2
-from qdq.dtypes import DEQUANTIZE_ONLY, type_name
+from qdq.dtypes import DEQUANTIZE_ONLY, QuantType, quant_type, type_name
 from qdq.errors import RuleSetError
 from qdq.checks.reduced_range import clip_bounds
 from qdq.operands import ACTIVATION, BIAS, WEIGHT, WEIGHT_INPUT, output_channel_axis, output_value, role, scale_of
-from qdq.quant_index import PER_AXIS, PER_TENSOR, QUANTIZE, QParams, QTensor, is_uniform, resolve_constant, source_values
+from qdq.quant_index import PER_AXIS, PER_TENSOR, QUANTIZE, QParams, QTensor, is_uniform
 from qdq.requantize import describe, effective_values, set_params, why_type_is_fixed
 from qdq.rule import Change, CheckContext, Finding, FixSafety, Rule, Severity, register
+
+
+# The two 8-bit integer types: the same grid, shifted by 128 (q_uint8 = q_int8 + 128).
+_EIGHT_BIT = {"int8": TensorProto.INT8, "uint8": TensorProto.UINT8}
+# Which activations QDQ505 rewrites: to `activation_type` ("" for none), only those whose scale has a
+# type in `scale_types` ([] for any). Rules that leave those values to QDQ505 read them as well.
+_RETYPE_PARAMETERS = {"activation_type": "", "scale_types": []}
 
 
 def _values(ctx: CheckContext) -> Iterable[tuple[QTensor, QParams, str]]:
@@ -45,6 +52,10 @@ class UnsupportedQuantType(Rule):
     Example: the NPU set allows int8 and uint8 activations, int8 weights and int8 or int32
     biases; `Q(x, zero_point: int16)` is reported.
 
+    An 8-bit activation that QDQ505 rewrites exactly to the rule set's `activation_type`
+    (TensorRT: uint8 → int8) is reported there, once, with that fix; `activation_type` and
+    `scale_types` sit in the rule set's [params] so both rules read the same values.
+
     The fix, where int8 is allowed, moves activations of another integer type (onnxruntime's
     uint16 and int16 PTQ) to int8 over the range their grid spans, 8 bits fewer (approximate;
     QDQ503 makes them symmetric afterwards), and handles uint8 weights (onnxruntime's U8U8
@@ -61,12 +72,15 @@ class UnsupportedQuantType(Rule):
     severity = Severity.ERROR
     fix_safety = FixSafety.APPROXIMATE
     edits_graph = False
-    parameters = {"activation_types": [], "weight_types": [], "bias_types": []}
+    parameters = {"activation_types": [], "weight_types": [], "bias_types": [], **_RETYPE_PARAMETERS}
 
     def check(self, ctx: CheckContext) -> Iterable[Finding]:
         for qt, params, kind in _values(ctx):
             allowed = ctx.params[f"{kind}_types"]
             dtype = type_name(params.elem_type)
+            if allowed and dtype not in allowed and ctx.params["activation_type"] in allowed \
+                    and _retyped(ctx, params, kind):
+                continue  # QDQ505's finding, with its exact fix
             if allowed and dtype not in allowed:
                 fixable = "int8" in allowed and _int8_fixable(ctx, qt, params) and (
                     (kind == WEIGHT and dtype == "uint8")
@@ -207,6 +221,10 @@ class AsymmetricZeroPoint(Rule):
     `through` applied to such values). Example: `Conv → Q(s, zp=-128 int8)` becomes
     `Conv → Relu → Q(255·s/127, zp=0)`: the same outputs on [0, 255·s], one step twice as
     coarse. `keep_clip = ""` leaves the clip out.
+
+    An activation QDQ505 rewrites to the rule set's `activation_type` is judged as it will be
+    (TensorRT: uint8 zp 128 becomes int8 zp 0, which QDQ505's exact fix alone resolves, so it
+    is not reported here; uint8 zp 110 becomes int8 zp -18, reported and fixed after it).
     """
 
     code = "QDQ503"
@@ -221,26 +239,30 @@ class AsymmetricZeroPoint(Rule):
         # Not Resize: cubic interpolation overshoots below 0.
         "through": ["MaxPool", "AveragePool", "GlobalAveragePool", "GlobalMaxPool", "Reshape", "Flatten",
                     "Transpose", "Squeeze", "Unsqueeze", "Slice", "Concat"],
+        **_RETYPE_PARAMETERS,
     }
 
     def check(self, ctx: CheckContext) -> Iterable[Finding]:
         if ctx.params["keep_clip"] not in ("relu", ""):
             raise RuleSetError(f"{self.code}.keep_clip must be \"relu\" or \"\", got {ctx.params['keep_clip']!r}")
         for qt, params, kind in _values(ctx):
-            qtype = params.qtype
-            if qtype is None or qtype.is_float:
+            if params.qtype is None or params.qtype.is_float:
                 continue
+            # Judged on the type QDQ505 gives the value first: uint8 with zp 128 becomes int8 with 0.
+            qtype, zero_point = _after_retype(ctx, qt, params, kind)
             expected = _expected_zero_point(qtype, ctx.params["unsigned_midpoint"])
-            if is_uniform(params.zero_point) and params.zero_point.flat[0] == expected:
+            if is_uniform(zero_point) and zero_point.flat[0] == expected:
                 continue
             zps = np.unique(params.zero_point)
             fixable = (params.granularity == PER_TENSOR and bool(np.all(params.scale > 0))
-                       and _integers_internal(ctx, qt) and not _loses_negatives(ctx, qt, params, expected))
+                       and _integers_internal(ctx, qt) and not _loses_negatives(ctx, qt, qtype, zero_point, expected))
             yield self.finding(ctx, qt.nodes[0], [ctx.value_name(qt)], subject=qt, fixable=fixable, role=kind,
                                tensor=ctx.value_name(qt), zero_point=_zp_text(zps), expected=int(expected))
 
     def fix(self, ctx: CheckContext, finding: Finding) -> list[Change]:
         qt = finding.subject
+        # The check judged the value as QDQ505 retypes it; that fix runs first in a full run, else here.
+        changes = _retype(ctx, qt, self.code) if _retypable(ctx, qt) else []
         params = ctx.index.params(qt.nodes[0])
         qtype = params.qtype
         scale, zp = float(params.scale.ravel()[0]), float(params.zero_point.ravel()[0])
@@ -248,7 +270,6 @@ class AsymmetricZeroPoint(Rule):
         new_zp = _expected_zero_point(qtype, ctx.params["unsigned_midpoint"])
         candidates = [high / (qtype.qmax - new_zp)] + ([-low / (new_zp - qtype.qmin)] if new_zp > qtype.qmin else [])
         new_scale = max(c for c in candidates if c > 0) if any(c > 0 for c in candidates) else scale
-        changes = []
         if ctx.params["keep_clip"] == "relu" and zp == qtype.qmin and qt.quantize is not None \
                 and role(ctx.index, qt) == ACTIVATION and _can_be_negative(ctx, qt.quantize.inputs[0], set()):
             changes.append(_insert_relu(ctx, qt, self.code))
@@ -256,12 +277,11 @@ class AsymmetricZeroPoint(Rule):
                                     zero_point=new_zp)
 
 
-def _loses_negatives(ctx: CheckContext, qt: QTensor, params: QParams, expected: float) -> bool:
+def _loses_negatives(ctx: CheckContext, qt: QTensor, qtype: QuantType, zero_point: np.ndarray, expected: float) -> bool:
     """Whether zero-point `expected` at an unsigned type's minimum would drop negative values the grid holds
     (uint16 with zp 30000 → 0 on a target without `unsigned_midpoint`); a tensor that cannot be
     negative loses nothing."""
-    qtype = params.qtype
-    if qtype.signed or expected != qtype.qmin or np.all(params.zero_point <= qtype.qmin):
+    if qtype.signed or expected != qtype.qmin or np.all(zero_point <= qtype.qmin):
         return False
     return qt.quantize is None or _can_be_negative(ctx, qt.quantize.inputs[0], set())
 
@@ -411,8 +431,6 @@ def _min_error_scale(real: np.ndarray, params: QParams) -> np.ndarray:
     return np.asarray(best)
 
 
-# The two 8-bit integer types: the same grid, shifted by 128 (q_uint8 = q_int8 + 128).
-_EIGHT_BIT = {"int8": TensorProto.INT8, "uint8": TensorProto.UINT8}
 
 
 @register
@@ -437,37 +455,58 @@ class ActivationType(Rule):
     severity = Severity.WARNING
     fix_safety = FixSafety.EXACT
     edits_graph = False
-    # `scale_types`: only values whose scale has one of these types (e.g. "float"); [] means any.
-    parameters = {"activation_type": "", "scale_types": []}
+    parameters = _RETYPE_PARAMETERS
 
     def check(self, ctx: CheckContext) -> Iterable[Finding]:
-        expected = ctx.params["activation_type"]
-        if expected not in ("", *_EIGHT_BIT):
-            raise RuleSetError(f"{self.code}.activation_type must be \"\", int8 or uint8, got {expected!r}")
-        if not expected:
-            return
-        scale_types = ctx.params["scale_types"]
         for qt, params, kind in _values(ctx):
-            dtype = type_name(params.elem_type)
-            if kind != ACTIVATION or dtype not in _EIGHT_BIT or dtype == expected:
-                continue
-            if scale_types and type_name(params.scale_source.elem_type) not in scale_types:
+            if not _retyped(ctx, params, kind):
                 continue
             reason = _why_not_retypable(ctx, qt)
             yield self.finding(ctx, qt.nodes[0], [ctx.value_name(qt)], subject=qt, fixable=reason is None,
-                               tensor=ctx.value_name(qt), dtype=dtype, expected=expected,
+                               tensor=ctx.value_name(qt), dtype=type_name(params.elem_type),
+                               expected=ctx.params["activation_type"],
                                how=f" (not rewritten: {reason})" if reason else "")
 
     def fix(self, ctx: CheckContext, finding: Finding) -> list[Change]:
-        qt = finding.subject
-        params = ctx.index.params(qt.nodes[0])
-        old, new = type_name(params.elem_type), ctx.params["activation_type"]
-        shift = 128 if new == "uint8" else -128
-        changes = set_params(ctx, qt, params.scale, self.code, f"{old} → {new}: integers and zero-point move by {shift}",
-                             zero_point=params.zero_point + shift, axis=params.axis, elem_type=_EIGHT_BIT[new])
-        for change in changes:
-            change.old, change.new = f"{old} {change.old}", f"{new} {change.new}"
-        return changes
+        return _retype(ctx, finding.subject, self.code)
+
+
+def _retyped(ctx: CheckContext, params: QParams, kind: str) -> bool:
+    """Whether QDQ505 reports this value: an activation of the other 8-bit type than `activation_type`
+    whose scale type is in `scale_types` (QDQ501 and QDQ503 ask too, to leave it to QDQ505)."""
+    expected = ctx.params["activation_type"]
+    if expected not in ("", *_EIGHT_BIT):
+        raise RuleSetError(f"activation_type must be \"\", int8 or uint8, got {expected!r}")
+    dtype = type_name(params.elem_type)
+    if not expected or kind != ACTIVATION or dtype not in _EIGHT_BIT or dtype == expected:
+        return False
+    scale_types = ctx.params["scale_types"]
+    return not scale_types or type_name(params.scale_source.elem_type) in scale_types
+
+
+def _retypable(ctx: CheckContext, qt: QTensor) -> bool:
+    """Whether QDQ505's fix rewrites this value."""
+    return _retyped(ctx, ctx.index.params(qt.nodes[0]), role(ctx.index, qt)) and _why_not_retypable(ctx, qt) is None
+
+
+def _after_retype(ctx: CheckContext, qt: QTensor, params: QParams, kind: str) -> tuple[QuantType, np.ndarray]:
+    """The integer type and zero-point a value has once QDQ505's fix has run (its own where that fix does not apply)."""
+    if kind != ACTIVATION or not _retypable(ctx, qt):
+        return params.qtype, params.zero_point
+    new = ctx.params["activation_type"]
+    return quant_type(_EIGHT_BIT[new]), params.zero_point + (128 if new == "uint8" else -128)
+
+
+def _retype(ctx: CheckContext, qt: QTensor, code: str) -> list[Change]:
+    """QDQ505's fix: the other 8-bit type, integers and zero-point shifted by 128 (exact)."""
+    params = ctx.index.params(qt.nodes[0])
+    old, new = type_name(params.elem_type), ctx.params["activation_type"]
+    shift = 128 if new == "uint8" else -128
+    changes = set_params(ctx, qt, params.scale, code, f"{old} → {new}: integers and zero-point move by {shift}",
+                         zero_point=params.zero_point + shift, axis=params.axis, elem_type=_EIGHT_BIT[new])
+    for change in changes:
+        change.old, change.new = f"{old} {change.old}", f"{new} {change.new}"
+    return changes
 
 
 def _why_not_retypable(ctx: CheckContext, qt: QTensor) -> str | None:

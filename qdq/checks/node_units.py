@@ -16,6 +16,7 @@ import numpy as np
 import onnx_graphsurgeon as gs
 from onnx import helper
 
+from qdq.checks.batchnorm import FOLD_PARAMETERS, folded_away
 from qdq.dtypes import QUANT_TYPES_BY_NAME
 from qdq.errors import RuleSetError
 from qdq.insertion import quantize_for, quantize_hint, read_through
@@ -48,6 +49,11 @@ def _reads_as_quantize(node: gs.Node, tensor: gs.Tensor) -> bool:
     return node.op == QUANTIZE and bool(node.inputs) and node.inputs[0] is tensor
 
 
+# What QDQ801 and QDQ804 read to leave a tensor to the rule that quantizes it without data
+# (`quantized_without_data`): QDQ204's fold parameters and QDQ805's `ranges` ({} when it is off).
+DEFERRED_PARAMETERS = {**FOLD_PARAMETERS, "ranges": {}}
+
+
 @register
 class FloatOutput(Rule):
     """An op whose inputs are all dequantized should quantize every output edge, or it runs in float.
@@ -62,6 +68,11 @@ class FloatOutput(Rule):
     fix makes the Sigmoid read the DQ of the Q the output already has (data-free), so the Conv
     unit fuses; the Sigmoid now sees the rounded values. Approximate. An output with no Q at
     all needs a scale from data; a graph output is left alone.
+
+    Outputs another rule resolves without data are that rule's finding, reported once: a conv
+    output feeding a BatchNormalization or constant scaling that QDQ204 folds into the conv
+    (the fold alone lets it fuse; `exact_rtol` and `fold_scaling_ops` as for QDQ204), and an
+    output QDQ805 quantizes from its fixed range (`ranges` as for QDQ805; both in [params]).
     """
 
     code = "QDQ804"
@@ -73,14 +84,18 @@ class FloatOutput(Rule):
         "ops": ["Conv", "ConvTranspose", "Gemm", "Add", "Mul", "Concat", "AveragePool", "GlobalAveragePool"],
         "through": ["Relu", "Clip"],
         "calibrated_type": "uint8",
+        **DEFERRED_PARAMETERS,
     }
 
     def check(self, ctx: CheckContext) -> Iterable[Finding]:
         ops = set(ctx.params["ops"])
+        elsewhere = quantized_without_data(ctx)
         for node in ctx.graph.nodes:
             if node.op not in ops or not dequantized_inputs(ctx, node):
                 continue
             for tensor in node.outputs:
+                if id(tensor) in elsewhere or id(self._site(ctx, tensor)) in elsewhere:
+                    continue  # QDQ204 or QDQ805 resolves it without data
                 site = self._site(ctx, tensor)
                 floats = [c for c, _ in ctx.index.consumers_through(site) if c.op != QUANTIZE]
                 output = ctx.index.is_graph_output(tensor) or ctx.index.is_graph_output(site)
@@ -145,12 +160,8 @@ class FixedRangeOutput(Rule):
 
     def check(self, ctx: CheckContext) -> Iterable[Finding]:
         ranges = self._ranges(ctx)
-        for node in ctx.graph.nodes:
-            if node.op not in ranges or not node.outputs or not dequantized_inputs(ctx, node):
-                continue
+        for node in _fixed_range_nodes(ctx, ranges):
             out = node.outputs[0]
-            if any(c.op == QUANTIZE for c, _ in ctx.index.consumers_through(out)):
-                continue
             low, high = ranges[node.op]
             yield self.finding(ctx, node, [out], subject=(node, low, high), fixable=not ctx.index.is_graph_output(out),
                                tensor=out.name, op=node.op, low=low, high=high)
@@ -189,6 +200,26 @@ class FixedRangeOutput(Rule):
                   f"consumers can run as integer ops; values move by at most one step ({scale:.6g})")
         return [Change(self.code, node.name, out.name, "float", new, reason,
                        {"scale": scale, "zero_point": zero_point, "max_error": scale})]
+
+
+def _fixed_range_nodes(ctx: CheckContext, ranges: Iterable[str]) -> list[gs.Node]:
+    """The ops QDQ805 reports: in `ranges`, every input dequantized, no Q on the output."""
+    return [
+        node for node in ctx.graph.nodes
+        if node.op in ranges and node.outputs and dequantized_inputs(ctx, node)
+        and not any(c.op == QUANTIZE for c, _ in ctx.index.consumers_through(node.outputs[0]))
+    ]
+
+
+def quantized_without_data(ctx: CheckContext) -> set[int]:
+    """The float tensors, by id, that another rule's fix quantizes without data: the chains QDQ204
+    folds away and the outputs QDQ805 gives their fixed range (`ranges`, in [params] for this).
+
+    Rules that would ask for calibration data there (QDQ801, QDQ804) leave these to those rules.
+    """
+    fixed = {id(node.outputs[0]) for node in _fixed_range_nodes(ctx, ctx.params["ranges"])
+             if not ctx.index.is_graph_output(node.outputs[0])}
+    return folded_away(ctx) | fixed
 
 
 def _scale_type(ctx: CheckContext, node: gs.Node) -> np.dtype:

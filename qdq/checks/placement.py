@@ -16,6 +16,7 @@ from typing import Iterable
 import numpy as np
 import onnx_graphsurgeon as gs
 
+from qdq.checks.node_units import DEFERRED_PARAMETERS, quantized_without_data
 from qdq.errors import RuleSetError
 from qdq.insertion import (
     describe_quantize,
@@ -87,6 +88,12 @@ class FloatInput(Rule):
     makes the Conv read that DQ (data-free). A float weight is quantized from its own values
     (int8, per output channel, max-abs). A tensor with no Q anywhere needs a scale from data:
     `qdq fix --calibrate inputs.npz`. Approximate: the op now sees rounded values.
+
+    Inputs another rule resolves without data are that rule's finding, reported once: a float
+    edge inside a BatchNormalization or constant-scaling chain that QDQ204 folds into the conv
+    before it (FX QAT's `Conv → Div → Add → BatchNormalization`; `exact_rtol` and
+    `fold_scaling_ops` as for QDQ204), and an output QDQ805 quantizes from its fixed range
+    (`ranges` as for QDQ805, Sigmoid in SiLU; both in [params]).
     """
 
     code = "QDQ801"
@@ -99,16 +106,20 @@ class FloatInput(Rule):
         "transparent": _TRANSPARENT,
         "skip_graph_outputs": True,
         "calibrated_type": "int8",
+        **DEFERRED_PARAMETERS,
     }
 
     def check(self, ctx: CheckContext) -> Iterable[Finding]:
         ops = set(ctx.params["ops"])
+        elsewhere = quantized_without_data(ctx)
         for node in ctx.graph.nodes:
             if node.op not in ops or (ctx.params["skip_graph_outputs"] and _writes_graph_output(ctx.index, node)):
                 continue
             for slot, tensor in enumerate(node.inputs):
                 if tensor is None or tensor.name == "" or slot == BIAS_INPUT.get(node.op):
                     continue  # a float bias is what TensorRT and onnxruntime expect
+                if id(tensor) in elsewhere:
+                    continue  # QDQ204 or QDQ805 resolves it without data
                 if slot != WEIGHT_INPUT.get(node.op) and _constant(tensor):
                     continue  # shapes, sizes and constant operands are not the op's data
                 if is_quantized(ctx.index, tensor, ctx.params["transparent"]):
