@@ -29,3 +29,49 @@ def test_ci_runs_the_readme_commands_verbatim() -> None:
 def test_bundled_model_exists_and_is_small() -> None:
     model = ROOT / "examples" / "models" / "demo_fx_qat.onnx"
     assert model.is_file() and 0 < model.stat().st_size < 1_000_000
+
+
+# --- the README is a product page; the details live in docs/ ------------------------------------
+
+
+def _markdown_files() -> list[Path]:
+    return [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+
+
+def test_readme_is_short_and_has_no_development_history() -> None:
+    text = (ROOT / "README.md").read_text()
+    assert len(text.splitlines()) <= 300
+    for words in ("issue ", "done-when", "not met", "Layout"):
+        assert words not in text, words
+
+
+def test_every_relative_link_resolves() -> None:
+    import re
+
+    for page in _markdown_files():
+        for target in re.findall(r"\]\(([^)#\s]+)(?:#[^)]*)?\)", page.read_text()):
+            if "://" in target:
+                continue
+            assert (page.parent / target).exists(), f"{page.name} links to {target}, which does not exist"
+
+
+def test_the_rule_reference_is_current() -> None:
+    from qdq.rule_docs import reference_markdown
+
+    written = (ROOT / "docs" / "rules.md").read_text()
+    assert written == reference_markdown(), "docs/rules.md is stale: run `python -m qdq.rule_docs docs/rules.md`"
+
+
+def test_the_quick_start_shows_what_qdq_prints(tmp_path) -> None:
+    """Every output line the README quotes for the bundled model is one qdq prints today."""
+    from cli_run import qdq
+
+    model = ROOT / "examples" / "models" / "demo_fx_qat.onnx"
+    lint = qdq("lint", model, "--target", "npu")
+    fix = qdq("fix", model, "--target", "npu", "-o", tmp_path / "demo_npu.onnx")
+    printed = {line.replace(str(model), "examples/models/demo_fx_qat.onnx").replace(str(tmp_path / "demo_npu.onnx"), "demo_npu.onnx")
+               for line in (lint.out + fix.out).splitlines()}
+    quoted = [line for line in (ROOT / "README.md").read_text().splitlines()
+              if line.startswith(("examples/models/demo_fx_qat.onnx", "QDQ", "logits "))]
+    assert len(quoted) >= 6
+    assert [line for line in quoted if line not in printed] == []
