@@ -27,13 +27,14 @@ from qdq.rewrite import replace_uses
 from qdq.rule import Change, CheckContext, Finding, FixSafety, Rule, Severity, register
 
 
-def dequantized_inputs(ctx: CheckContext, node: gs.Node) -> bool:
-    """Whether every data input of a node comes from a DQ (constant weights, biases and shapes aside)."""
+def dequantized_inputs(ctx: CheckContext, node: gs.Node, will_be: frozenset[int] = frozenset()) -> bool:
+    """Whether every data input of a node comes from a DQ (constant weights, biases and shapes aside);
+    tensors in `will_be` (by id) count as dequantized: another rule's fix quantizes them without data."""
     found = False
     for slot, tensor in enumerate(node.inputs):
         if tensor is None or tensor.name == "":
             continue
-        if ctx.index.dequantize_feeding(tensor) is not None:
+        if ctx.index.dequantize_feeding(tensor) is not None or id(tensor) in will_be:
             found = True
             continue
         source = resolve_constant(tensor)
@@ -91,7 +92,9 @@ class FloatOutput(Rule):
         ops = set(ctx.params["ops"])
         elsewhere = quantized_without_data(ctx)
         for node in ctx.graph.nodes:
-            if node.op not in ops or not dequantized_inputs(ctx, node):
+            # An input QDQ805 quantizes counts as dequantized: once it has, this op's output is
+            # the float edge (a SiLU's Mul after its Sigmoid), and lint says so before the fix.
+            if node.op not in ops or not dequantized_inputs(ctx, node, frozenset(elsewhere)):
                 continue
             for tensor in node.outputs:
                 if id(tensor) in elsewhere or id(self._site(ctx, tensor)) in elsewhere:
