@@ -115,12 +115,17 @@ def _zero_point_problem(p: QParams) -> str | None:
 
 @register
 class InvalidAxis(Rule):
-    """A per-axis or blocked Q/DQ must name an axis the input has, with one scale per element.
+    """A per-axis or blocked Q/DQ must name an axis the input has, with one scale per element or block.
 
     Why: the spec requires `-rank <= axis < rank` and a 1-D scale as long as that dimension. With
     optimisations on, onnxruntime may fold the node and hide the error; other runtimes reject it.
+    A blocked scale (`block_size`) has the input's rank, ceil(size / block_size) on the axis and
+    the input's size elsewhere. The ONNX checker does not check this and onnxruntime only fails
+    when the model runs ("x_scale must be ceil(Di/block_size) on the quantize axis i").
 
     Example: a weight of shape (16, 3, 3, 3) with 16 per-channel scales but `axis=1` (size 3).
+    ModelOpt 0.47's INT4 AWQ export of a transposed Gemm weight [10, 32] with `axis=0,
+    block_size=128` and a scale of shape [10, 1] (laid out for axis 1; axis 0 needs [1, 32]).
     """
 
     code = "QDQ003"
@@ -138,7 +143,7 @@ class InvalidAxis(Rule):
             elif p.granularity == PER_AXIS:
                 problem = _per_axis_length_problem(p)
             else:
-                problem = None
+                problem = _blocked_shape_problem(p)
             if problem:
                 yield self.finding(ctx, p.node, [p.node.inputs[0], p.scale_input], op=p.node.op, problem=problem)
 
@@ -151,6 +156,22 @@ def _per_axis_length_problem(p: QParams) -> str | None:
     if dim is not None and shape[0] != dim:
         return f"{shape[0]} scales for axis {p.axis}, whose size is {dim}"
     return None
+
+
+def _blocked_shape_problem(p: QParams) -> str | None:
+    """A blocked scale must be ceil(D / block_size) long on the axis and as long as the input elsewhere."""
+    shape, rank = p.scale_shape, _input_rank(p)
+    if shape is None or rank is None or len(shape) != rank:
+        return None  # a rank mismatch is QDQ004's
+    axis = p.axis % rank
+    dims = [_input_dim(p, i) for i in range(rank)]
+    expected = [None if d is None else (-(-d // p.block_size) if i == axis else d) for i, d in enumerate(dims)]
+    if all(e is None or e == size for e, size in zip(expected, shape)):
+        return None
+    wanted = ["?" if e is None else e for e in expected]
+    return (f"blocked scale of shape {list(shape)} for an input of shape {['?' if d is None else d for d in dims]} "
+            f"with axis {p.axis} and block_size {p.block_size}; it must be {wanted} "
+            f"(ceil(size / block_size) on the axis, the input's size elsewhere)")
 
 
 @register
