@@ -526,7 +526,8 @@ class WeightAxis(Rule):
     works only when every output channel has one scale. Per-axis scales along another axis
     (say Conv axis 1, the input channels) are legal ONNX but TensorRT rejects them and no
     integer kernel can use them. The output-channel axis: Conv 0, ConvTranspose 1, Gemm 0 with
-    transB else 1, MatMul the weight's last axis.
+    transB else 1, MatMul the weight's last axis. `conv_transpose_axis` overrides ConvTranspose's
+    for runtimes that read it elsewhere (TensorRT before 10.2 wanted axis 0).
 
     Example: a Conv weight [16, 8, 3, 3] quantized with 8 scales along axis 1. The fix takes
     the largest scale for the whole tensor (as QDQ502 does), so no weight saturates, and
@@ -539,7 +540,7 @@ class WeightAxis(Rule):
     severity = Severity.ERROR
     fix_safety = FixSafety.APPROXIMATE
     edits_graph = False
-    parameters = {"ops": ["Conv", "ConvTranspose", "Gemm", "MatMul"]}
+    parameters = {"ops": ["Conv", "ConvTranspose", "Gemm", "MatMul"], "conv_transpose_axis": 1}
 
     def check(self, ctx: CheckContext) -> Iterable[Finding]:
         ops = set(ctx.params["ops"])
@@ -549,7 +550,8 @@ class WeightAxis(Rule):
                 continue
             axis = params.axis % rank
             for consumer in _weight_readers(ctx, qt):
-                expected = output_channel_axis(consumer, rank)
+                expected = (ctx.params["conv_transpose_axis"] if consumer.op == "ConvTranspose"
+                            else output_channel_axis(consumer, rank))
                 if consumer.op in ops and expected != axis:
                     yield self.finding(ctx, qt.nodes[0], [ctx.value_name(qt)], subject=qt,
                                        fixable=_per_axis_fixable(params), tensor=ctx.value_name(qt), op=consumer.op,
