@@ -49,6 +49,26 @@ def random_feeds(path: Path) -> dict[str, np.ndarray]:
             for i in session.get_inputs()}
 
 
+def _dequantized_parameters(path: Path) -> list[str]:
+    """LayerNormalization scale/bias and Add operands dequantized from constants (stored integers, or a Q of a
+    float constant), found with onnx alone."""
+    model = onnx.load(str(path))
+    constants = {t.name for t in model.graph.initializer} | {n.output[0] for n in model.graph.node if n.op_type == "Constant"}
+    producers = {o: n for n in model.graph.node for o in n.output}
+    found = []
+    for node in model.graph.node:
+        slots = {"LayerNormalization": (1, 2), "Add": (0, 1)}.get(node.op_type, ())
+        for slot in slots:
+            producer = producers.get(node.input[slot]) if slot < len(node.input) else None
+            if producer is None or producer.op_type != "DequantizeLinear":
+                continue
+            quantize = producers.get(producer.input[0])  # DQ(stored integers) or DQ(Q(float constant))
+            if producer.input[0] in constants or (quantize is not None and quantize.op_type == "QuantizeLinear"
+                                                   and quantize.input[0] in constants):
+                found.append(f"{node.name}:{slot}")
+    return found
+
+
 CORPUS_MODELS = sorted(p for folder in ("ort", "quark", "torch") for p in (CORPUS / folder).glob("*.onnx")
                        if dequantized_biases(p))
 
@@ -61,7 +81,7 @@ def test_the_corpus_has_both_forms():
 
 @pytest.mark.parametrize("path", CORPUS_MODELS, ids=lambda p: f"{p.parent.name}/{p.stem}")
 def test_corpus_biases_are_reported_and_folded_exactly(path, tmp_path):
-    expected = dequantized_biases(path)
+    expected = dequantized_biases(path) + len(_dequantized_parameters(path))
     run = qdq("lint", path, "--target", "trt", "--format", "json", "--exit-zero")
     codes = [f["code"] for f in run.json()["findings"]]
     assert codes.count("QDQ609") == expected
@@ -70,7 +90,7 @@ def test_corpus_biases_are_reported_and_folded_exactly(path, tmp_path):
     run = qdq("fix", path, "--target", "trt", "--select", "QDQ609", "-o", out, "--format", "json")
     assert run.code == 0, run.err
     assert run.json()["changes_by_rule"] == {"QDQ609": expected}
-    assert dequantized_biases(out) == 0
+    assert dequantized_biases(out) == 0 and _dequantized_parameters(out) == []
     feeds = random_feeds(path)
     for before, after in zip(outputs(path, feeds), outputs(out, feeds), strict=True):
         assert before.dtype == after.dtype and np.array_equal(before, after, equal_nan=True)
@@ -136,7 +156,7 @@ def test_an_int32_bias_dequantize_becomes_its_float_values(op, tmp_path):
     bias = b.dq(b.init("bias_q", stored), 0.0005, dtype=np.int32, name="bias_dq")
     path = conv_with_bias(bias, b, op).save(tmp_path / "m.onnx")
     [finding] = [f for f in lint(load_model(path), load_target("trt")).findings if f.code == "QDQ609"]
-    assert finding.message == "layer: bias bias_q is a DequantizeLinear (int32); the target takes a float bias"
+    assert finding.message == "layer: bias bias_q is a DequantizeLinear (int32); the target takes it in float"
     assert str(finding.fix) == "exact"
     values, _ = folded(path, tmp_path)
     assert values.dtype == np.float32
@@ -198,3 +218,20 @@ def test_trt_folds_biases_first_and_does_not_rescale_them():
     assert trt.fix_order[0] == "QDQ609"
     assert "QDQ606" not in {code for code, cfg in trt.rules.items() if cfg.enabled}
     assert "QDQ609" not in {code for code, cfg in load_target("npu").rules.items() if cfg.enabled}
+
+
+# --- transformers: LayerNorm parameters and bias Adds -------------------------------------------------
+
+
+@pytest.mark.parametrize("name", ["transformer_default", "transformer_u8_per_channel"])
+def test_layernorm_parameters_and_bias_adds_become_float(name, tmp_path):
+    """onnxruntime's quantize_static dequantizes LayerNorm's scale and bias and the bias Add after each
+    MatMul from integers; TensorRT (and ModelOpt) keep them float. The fold is exact."""
+    path = CORPUS / "ort" / f"{name}.onnx"
+    assert len(_dequantized_parameters(path)) >= 20
+    out = tmp_path / "fixed.onnx"
+    run = qdq("fix", path, "--target", "trt", "--select", "QDQ609", "-o", out)
+    assert run.code == 0, run.err
+    assert _dequantized_parameters(out) == []
+    feeds = {"input": np.load(CORPUS / "float" / "transformer.npz")["input"][:1]}
+    assert all(np.array_equal(a, b) for a, b in zip(outputs(path, feeds), outputs(out, feeds)))

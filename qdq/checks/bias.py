@@ -192,51 +192,68 @@ def _float_bias(ctx: CheckContext, node: gs.Node) -> tuple[np.ndarray, np.ndarra
 
 @register
 class QuantizedBias(Rule):
-    """A Conv, ConvTranspose or Gemm bias must be a float constant, not dequantized.
+    """A bias, and any parameter the target computes in float, must be a float constant, not dequantized.
 
     Why: TensorRT derives the int32 bias itself from a float bias and the input and weight
     scales. Its ONNX parser fails on an int32 bias DequantizeLinear (onnxruntime's
     `quantize_static` default: "only activation types allowed as input to this layer"), and reads
     an int8 Q→DQ'd bias (Vitis AI, Quark) as a dynamic input whose handling is undocumented.
-    NVIDIA's own tools never quantize a bias.
+    NVIDIA's own tools never quantize a bias, nor LayerNorm's scale and bias or the bias Add after
+    a MatMul, which stay float; onnxruntime's quantizer dequantizes them all from integers.
+    `inputs` names, per op, the input slots that must be float when constants alone make them.
 
-    Example: `Conv(x, w, DequantizeLinear(b_int32, 0.0002))`. The fix replaces the bias by a float
-    initializer holding the values onnxruntime computes for it, `DQ(b_int)` or `DQ(Q(b_float))`
-    with the Q's rounding and clipping; the Q/DQ nodes nobody else reads go. Exact: the outputs
-    stay bit-identical in onnxruntime.
+    Example: `Conv(x, w, DequantizeLinear(b_int32, 0.0002))`, or `LayerNormalization(x,
+    DQ(gamma_uint8), DQ(beta_int32))`. The fix replaces the input by a float initializer holding
+    the values onnxruntime computes for it, `DQ(b_int)` or `DQ(Q(b_float))` with the Q's rounding
+    and clipping; the Q/DQ nodes nobody else reads go. Exact: the outputs stay bit-identical in
+    onnxruntime.
     """
 
     code = "QDQ609"
     name = "quantized-bias"
-    message = "{node}: bias {tensor} is {form} ({dtype}); the target takes a float bias"
+    message = "{node}: {what} {tensor} is {form} ({dtype}); the target takes it in float"
     severity = Severity.ERROR
     fix_safety = FixSafety.EXACT
-    parameters = {"ops": ["Conv", "ConvTranspose", "Gemm"]}
+    parameters = {"inputs": {"Conv": [2], "ConvTranspose": [2], "Gemm": [2]}}
 
     def check(self, ctx: CheckContext) -> Iterable[Finding]:
-        ops = set(ctx.params["ops"])
+        slots_of = ctx.params["inputs"]
         for node in ctx.graph.nodes:
-            if node.op not in ops or input_value(ctx.index, node, BIAS_INPUT[node.op]) is None:
-                continue
-            tensor = node.inputs[BIAS_INPUT[node.op]]
-            dequantize = ctx.index.dequantize_feeding(tensor)
-            bias = ctx.index.qtensor_of(dequantize)
-            form = "QuantizeLinear → DequantizeLinear" if bias.quantize is not None else "a DequantizeLinear"
-            name = ctx.value_name(bias)
-            yield self.finding(ctx, node, [name], subject=node, fixable=_ancestry(tensor) is not None, tensor=name,
-                               op=node.op, form=form, dtype=type_name(ctx.index.params(dequantize).elem_type))
+            for slot in slots_of.get(node.op, []):
+                if input_value(ctx.index, node, slot) is None:
+                    continue
+                tensor = node.inputs[slot]
+                dequantize = ctx.index.dequantize_feeding(tensor)
+                value = ctx.index.qtensor_of(dequantize)
+                if slot == BIAS_INPUT.get(node.op):
+                    constant = _ancestry(tensor) is not None
+                elif _from_constant(value):
+                    constant = True
+                else:
+                    continue  # an activation (a residual Add's input), not a parameter
+                form = "QuantizeLinear → DequantizeLinear" if value.quantize is not None else "a DequantizeLinear"
+                name = ctx.value_name(value)
+                what = "bias" if slot == BIAS_INPUT.get(node.op) else f"input {slot} of the {node.op}"
+                yield self.finding(ctx, node, [name], subject=(node, slot), fixable=constant, tensor=name, what=what,
+                                   op=node.op, form=form, dtype=type_name(ctx.index.params(dequantize).elem_type))
 
     def fix(self, ctx: CheckContext, finding: Finding) -> list[Change]:
-        node = finding.subject
-        slot = BIAS_INPUT[node.op]
+        node, slot = finding.subject
         values = _evaluate(ctx, node.inputs[slot])
         if values is None:
             return []
         old = node.inputs[slot].name
-        node.inputs[slot] = ctx.model.new_constant(ctx.new_name(f"{node.name}_bias", replacing=old), values)
+        base = f"{node.name}_bias" if finding.values["what"] == "bias" else f"{node.name}_input{slot}"
+        node.inputs[slot] = ctx.model.new_constant(ctx.new_name(base, replacing=old), values)
         return [Change(self.code, node.name, finding.tensors[0], finding.values["dtype"], str(values.dtype),
-                       f"{node.name}: bias folded into a float constant ({values.size} values, as onnxruntime "
-                       f"computes {finding.values['form']})")]
+                       f"{node.name}: {finding.values['what']} folded into a float constant ({values.size} values, "
+                       f"as onnxruntime computes {finding.values['form']})")]
+
+
+def _from_constant(value: QTensor) -> bool:
+    """Stored integers, or a Q of a float constant: a parameter, not an activation (checked without
+    walking the graph, which for an activation would go back to the model's inputs)."""
+    return value.stored or (value.quantize is not None and resolve_constant(value.quantize.inputs[0]) is not None)
 
 
 def _ancestry(tensor: gs.Tensor) -> list[gs.Node] | None:
