@@ -31,9 +31,6 @@ def input_value(index: QuantIndex, node: gs.Node, i: int) -> QTensor | None:
     return index.qtensor_of(dq) if dq is not None else None
 
 
-def input_values(index: QuantIndex, node: gs.Node) -> list[QTensor | None]:
-    return [input_value(index, node, i) for i in range(len(node.inputs))]
-
 
 def output_value(
     index: QuantIndex, node: gs.Node, through: Iterable[str] = (), through_mul: Iterable[str] = ()

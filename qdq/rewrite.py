@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import numpy as np
 import onnx_graphsurgeon as gs
 
 
@@ -24,10 +23,6 @@ def set_input(node: gs.Node, index: int, tensor: gs.Tensor) -> None:
     """Point one input of a node at another tensor (graphsurgeon keeps both sides linked)."""
     node.inputs[index] = tensor
 
-
-def scalar_constant(name: str, value: np.ndarray) -> gs.Constant:
-    """A new constant holding a 0-d copy of a one-element array, keeping its dtype."""
-    return gs.Constant(name, np.asarray(value).reshape(()).copy())
 
 
 class Names:
