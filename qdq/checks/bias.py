@@ -9,23 +9,19 @@ as if it had that scale.
 
 from __future__ import annotations
 
-import logging
 from typing import Iterable
 
 import numpy as np
 import onnx
 import onnx_graphsurgeon as gs
-from onnx import helper, numpy_helper, shape_inference
-from onnx_graphsurgeon.exporters.onnx_exporter import OnnxExporter
 
+from qdq.constant_eval import constant_ancestry, evaluate_constant
 from qdq.dtypes import quant_type, type_name
 from qdq.insertion import float_type, read_dequantized
 from qdq.operands import BIAS_INPUT, WEIGHT_INPUT, input_value
 from qdq.quant_index import PER_TENSOR, QuantIndex, QTensor, resolve_constant, source_values
 from qdq.requantize import _quantize, _sentence, describe, set_params
 from qdq.rule import Change, CheckContext, Finding, FixSafety, Rule, Severity, register
-
-log = logging.getLogger("qdq")
 
 
 @register
@@ -226,7 +222,7 @@ class QuantizedBias(Rule):
                 dequantize = ctx.index.dequantize_feeding(tensor)
                 value = ctx.index.qtensor_of(dequantize)
                 if slot == BIAS_INPUT.get(node.op):
-                    constant = _ancestry(tensor) is not None
+                    constant = constant_ancestry(tensor) is not None
                 elif _from_constant(value):
                     constant = True
                 else:
@@ -239,7 +235,7 @@ class QuantizedBias(Rule):
 
     def fix(self, ctx: CheckContext, finding: Finding) -> list[Change]:
         node, slot = finding.subject
-        values = _evaluate(ctx, node.inputs[slot])
+        values = evaluate_constant(ctx, node.inputs[slot])
         if values is None:
             return []
         old = node.inputs[slot].name
@@ -254,47 +250,3 @@ def _from_constant(value: QTensor) -> bool:
     """Stored integers, or a Q of a float constant: a parameter, not an activation (checked without
     walking the graph, which for an activation would go back to the model's inputs)."""
     return value.stored or (value.quantize is not None and resolve_constant(value.quantize.inputs[0]) is not None)
-
-
-def _ancestry(tensor: gs.Tensor) -> list[gs.Node] | None:
-    """The nodes that compute `tensor` from constants alone, producers first; None if it reads a graph input."""
-    order: list[gs.Node] = []
-    seen: set[int] = set()
-
-    def visit(t: gs.Tensor) -> bool:
-        if isinstance(t, gs.Constant) or t.name == "":
-            return True
-        if len(t.inputs) != 1:
-            return False
-        producer = t.inputs[0]
-        if id(producer) in seen:
-            return True
-        seen.add(id(producer))
-        if not all(visit(i) for i in producer.inputs if i is not None):
-            return False
-        order.append(producer)
-        return True
-
-    return order if visit(tensor) else None
-
-
-def _evaluate(ctx: CheckContext, tensor: gs.Tensor) -> np.ndarray | None:
-    """The values of a constant-computed tensor, as onnxruntime (optimisations off) computes them."""
-    from qdq.runtime import session  # imported here: linting never needs onnxruntime
-
-    nodes = _ancestry(tensor)
-    if nodes is None:
-        return None
-    constants = {id(t): t for n in nodes for t in n.inputs if isinstance(t, gs.Constant)}.values()
-    graph = helper.make_graph(
-        [OnnxExporter.export_node(n) for n in nodes], "bias", [],
-        [helper.make_value_info(tensor.name, onnx.TypeProto())],
-        [numpy_helper.from_array(np.asarray(ctx.model.constant_values(c)), c.name) for c in constants])
-    proto = helper.make_model(graph, opset_imports=ctx.model.proto.opset_import, ir_version=ctx.model.proto.ir_version)
-    proto.graph.output[0].CopyFrom(shape_inference.infer_shapes(proto).graph.output[0])
-    try:
-        return session(proto.SerializeToString()).run(None, {})[0]
-    except Exception as exc:  # an op onnxruntime cannot run: the bias stays, and the finding says it was not fixed
-        first = (str(exc).strip().splitlines() or [""])[0]
-        log.warning("%s: onnxruntime cannot compute the bias: %s", tensor.name, first)
-        return None
