@@ -96,6 +96,30 @@ def test_trt10_metadata_and_kgen_layers(tmp_path):
     assert gemm.stable_nodes == {"/fc1/Gemm"} and gemm.own_region == "fc1"
 
 
+def test_trt10_fp8_and_int4_formats_are_low_precision_not_float(tmp_path):
+    """TensorRT 10 writes `Row major linear FP8 format` for FP8 tensors (and FP4 and Int4 likewise):
+    a layer reading them is quantized, and the Q that makes FP8 is a Q/DQ layer, not a float island."""
+    layers = [
+        {"Name": "/q/QuantizeLinear", "LayerType": "Scale",
+         "Inputs": [{"Name": "x", "Dimensions": [1, 64], "Format/Datatype": "Row major linear FP16 format"}],
+         "Outputs": [{"Name": "xq", "Dimensions": [1, 64], "Format/Datatype": "Row major linear FP8 format"}]},
+        {"Name": "/fc/MatMul", "LayerType": "gemm",
+         "Inputs": [{"Name": "xq", "Dimensions": [1, 64], "Format/Datatype": "Row major linear FP8 format"},
+                    {"Name": "w", "Dimensions": [64, 64], "Format/Datatype": "Row major linear Int4 format"}],
+         "Outputs": [{"Name": "y", "Dimensions": [1, 64], "Format/Datatype": "Row major linear FP16 format"}]},
+        {"Name": "/fc2/MatMul", "LayerType": "gemm",
+         "Inputs": [{"Name": "y", "Dimensions": [1, 64], "Format/Datatype": "Row major linear FP4 format (kLINEAR)"}],
+         "Outputs": [{"Name": "z", "Dimensions": [1, 64], "Format/Datatype": "Row major linear FP16 format"}]},
+    ]
+    path = tmp_path / "fp8.json"
+    path.write_text(json.dumps({"Layers": layers, "Bindings": ["x", "z"]}))
+    engine = load_layer_info(path)
+    quantize, fp8_gemm, fp4_gemm = engine.layers
+    assert quantize.output_precisions == ["FP8"] and quantize.is_qdq and engine.quantized
+    assert fp8_gemm.input_precisions == ["FP8", "INT4"] and fp8_gemm.runs_low_bit
+    assert fp4_gemm.input_precisions == ["FP4"] and fp4_gemm.runs_low_bit
+
+
 def test_trt11_io_tensors_and_split_fields(tmp_path):
     document = {
         "Layers": [{"Name": "QuantizeLinear_2", "LayerType": "Reformat", "ParameterType": "Reformat", "Origin": "QDQ",
