@@ -220,11 +220,14 @@ def test_trt_findings_say_what_tensorrt_builds(tmp_path):
     result = lint(model, load_target("trt"))
     [finding] = [f for f in result.findings if f.code == "QDQ802"]
     assert finding.effect.startswith("TensorRT: conv2 + add fuse with a float output")
-    # The Q after the block and the Q x has for conv1: the Add needs x in float, so both run alone.
-    assert finding.conversions == ("y_q", "x_q") and result.predicted_reformats() == 2
+    # The Q after the block and the Q x has for conv1: the Add needs x in float, so both run alone;
+    # and the DQ that writes the graph output y (QDQ809).
+    assert finding.conversions == ("y_q", "x_q")
+    [output] = [f for f in result.findings if f.code == "QDQ809"]
+    assert output.conversions == ("y_dq",) and result.predicted_reformats() == 3
     assert finding.to_dict()["predicted_conversions"] == ["y_q", "x_q"]
     text = render(result, fail_on=Severity.WARNING)
-    assert "    -> TensorRT: conv2 + add" in text and "Predicted: 2 conversion layers caused" in text
+    assert "    -> TensorRT: conv2 + add" in text and "Predicted: 3 conversion layers caused" in text
     # Sets without `effect` keys predict nothing.
     assert not lint(model, load_target("npu")).predicts_engine
 
@@ -295,7 +298,9 @@ def test_inspect_predicts_conversion_layers_for_trt(tmp_path, capsys):
     import json
 
     predicted = json.loads(capsys.readouterr().out)["predicted"]
-    assert predicted == {"ruleset": "trt", "conversion_layers": 1, "by_rule": {"QDQ803": 1}, "findings": 1}
+    # QDQ803's Q/DQ between conv2 and the Add, and QDQ809's DQ on the graph output.
+    assert predicted == {"ruleset": "trt", "conversion_layers": 2, "by_rule": {"QDQ803": 1, "QDQ809": 1},
+                         "findings": 2}
 
     assert cli.main(["inspect", str(path), "--target", "npu"]) == 2
     assert "predicts nothing" in capsys.readouterr().err

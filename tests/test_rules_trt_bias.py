@@ -50,14 +50,15 @@ def random_feeds(path: Path) -> dict[str, np.ndarray]:
 
 
 def _dequantized_parameters(path: Path) -> list[str]:
-    """LayerNormalization scale/bias and Add operands dequantized from constants (stored integers, or a Q of a
-    float constant), found with onnx alone."""
+    """LayerNormalization scale/bias and the operands of Add, Sub, Mul and Div dequantized from constants
+    (stored integers, or a Q of a float constant), found with onnx alone."""
     model = onnx.load(str(path))
     constants = {t.name for t in model.graph.initializer} | {n.output[0] for n in model.graph.node if n.op_type == "Constant"}
     producers = {o: n for n in model.graph.node for o in n.output}
     found = []
     for node in model.graph.node:
-        slots = {"LayerNormalization": (1, 2), "Add": (0, 1)}.get(node.op_type, ())
+        slots = {"LayerNormalization": (1, 2), "Add": (0, 1), "Sub": (0, 1), "Mul": (0, 1), "Div": (0, 1)}.get(
+            node.op_type, ())
         for slot in slots:
             producer = producers.get(node.input[slot]) if slot < len(node.input) else None
             if producer is None or producer.op_type != "DequantizeLinear":

@@ -9,6 +9,7 @@
 - shifts: QDQ601-605, 607, 608, the NPU's shift limits between fix positions
 - bias: QDQ606, integer bias at input scale × weight scale; QDQ609, a bias the target wants float
 - dpu: QDQ7xx, fixed DPU numerics the float model does not reproduce
+- float_by_design: QDQ808-809, what NVIDIA's tools keep float for TensorRT (small GEMMs, graph outputs)
 - placement: QDQ801-803, Q/DQ placement around the ops a target fuses (float inputs, residual Adds)
 - node_units: QDQ804-805, ops with dequantized inputs whose output has no Q (onnxruntime node units)
 - reduced_range: QDQ509, a Clip on the integers between Q and DQ (PyTorch's reduced-range quantizer)
@@ -16,6 +17,6 @@
 """
 
 from qdq.checks import (  # noqa: F401
-    alignment, artefacts, batchnorm, bias, dpu, formats, node_units, pairing, placement, qparams, reduced_range, shifts,
+    alignment, artefacts, batchnorm, bias, dpu, float_by_design, formats, node_units, pairing, placement, qparams, reduced_range, shifts,
     weight_type,
 )

@@ -16,6 +16,7 @@ from typing import Iterable
 import numpy as np
 import onnx_graphsurgeon as gs
 
+from qdq.checks.float_by_design import FLOAT_BY_DESIGN_PARAMETERS, float_by_design, reads_float_by_design
 from qdq.checks.node_units import DEFERRED_PARAMETERS, quantized_without_data
 from qdq.errors import RuleSetError
 from qdq.insertion import (
@@ -107,6 +108,7 @@ class FloatInput(Rule):
         "skip_graph_outputs": True,
         "calibrated_type": "int8",
         **DEFERRED_PARAMETERS,
+        **FLOAT_BY_DESIGN_PARAMETERS,
     }
 
     def check(self, ctx: CheckContext) -> Iterable[Finding]:
@@ -115,9 +117,13 @@ class FloatInput(Rule):
         for node in ctx.graph.nodes:
             if node.op not in ops or (ctx.params["skip_graph_outputs"] and _writes_graph_output(ctx.index, node)):
                 continue
+            if float_by_design(ctx, node) is not None:
+                continue  # QDQ808's: the target runs it faster in float
             for slot, tensor in enumerate(node.inputs):
                 if tensor is None or tensor.name == "" or slot == BIAS_INPUT.get(node.op):
                     continue  # a float bias is what TensorRT and onnxruntime expect
+                if reads_float_by_design(ctx, node, slot):
+                    continue  # weight-only quantization keeps activations float
                 if id(tensor) in elsewhere:
                     continue  # QDQ204 or QDQ805 resolves it without data
                 if slot != WEIGHT_INPUT.get(node.op) and _constant(tensor):
