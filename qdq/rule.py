@@ -196,10 +196,3 @@ def register(cls: type[Rule]) -> type[Rule]:
         raise RuntimeError(f"rule code {cls.code} registered twice")
     RULES[cls.code] = cls
     return cls
-
-
-def all_rules() -> dict[str, type[Rule]]:
-    """Every registered rule, importing the rule modules on first use."""
-    import qdq.checks  # noqa: F401  (registers the rules)
-
-    return dict(sorted(RULES.items()))

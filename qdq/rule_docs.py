@@ -12,7 +12,8 @@ import json
 import sys
 from pathlib import Path
 
-from qdq.rule import Rule, all_rules
+from qdq.registry import all_rules
+from qdq.rule import Rule
 from qdq.ruleset import RuleSet, builtin_targets, load_target
 
 _FAMILIES = {

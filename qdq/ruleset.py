@@ -15,7 +15,8 @@ from pathlib import Path
 from typing import Any, Iterable
 
 from qdq.errors import RuleSetError
-from qdq.rule import Rule, Severity, all_rules
+from qdq.registry import all_rules
+from qdq.rule import Rule, Severity
 
 _RULE_KEYS = {"enabled", "severity", "effect", "reformats"}
 _SET_KEYS = {"name", "description", "extends", "params", "rules", "select", "ignore", "fix-order", "search"}

@@ -20,7 +20,7 @@ from builders import GraphBuilder
 import cli
 from qdq import __version__
 from qdq.reports import FORMATS
-from qdq.rule import all_rules
+from qdq.registry import all_rules
 from qdq.ruleset import load_target
 
 REPO = Path(cli.__file__).resolve().parent

@@ -25,7 +25,8 @@ from random_graphs import qdq_models
 from qdq.fix import fix
 from qdq.lint import lint
 from qdq.model import load_model, save_model
-from qdq.rule import FixSafety, all_rules
+from qdq.registry import all_rules
+from qdq.rule import FixSafety
 from qdq.ruleset import builtin_targets, load_target
 
 settings.register_profile(

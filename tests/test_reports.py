@@ -13,7 +13,8 @@ import pytest
 from qdq.lint import LintReport, LintResult, Unreadable
 from qdq.reports import FORMATS, render, sarif
 from qdq.reports.text import finding_line
-from qdq.rule import RULES, Finding, FixSafety, Rule, Severity, all_rules
+from qdq.registry import all_rules
+from qdq.rule import RULES, Finding, FixSafety, Rule, Severity
 from qdq.ruleset import RuleConfig, RuleSet
 
 MODEL = Path("models/model.onnx")

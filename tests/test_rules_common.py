@@ -26,7 +26,8 @@ from onnx import TensorProto, helper
 
 from qdq.errors import ModelLoadError
 from qdq.model import Model, load_model, save_model
-from qdq.rule import Finding, FixSafety, Rule, all_rules
+from qdq.registry import all_rules
+from qdq.rule import Finding, FixSafety, Rule
 from qdq.ruleset import load_target
 
 EXACT = FixSafety.EXACT

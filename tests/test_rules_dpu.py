@@ -22,7 +22,8 @@ from qdq.checks.dpu import DPU_AVGPOOL_TABLE, dpu_avgpool_factor, dpu_avgpool_mu
 from qdq.errors import RuleSetError
 from qdq.lint import lint
 from qdq.model import Model, load_model, save_model
-from qdq.rule import Finding, FixSafety, Severity, all_rules
+from qdq.registry import all_rules
+from qdq.rule import Finding, FixSafety, Severity
 from qdq.ruleset import RuleSet, load_rules_file
 
 DPU_CODES = ["QDQ701", "QDQ702", "QDQ703"]

@@ -22,7 +22,8 @@ from onnx import TensorProto, helper, numpy_helper
 
 from qdq.fix import fix
 from qdq.model import Model, load_model, save_model
-from qdq.rule import Finding, FixSafety, all_rules
+from qdq.registry import all_rules
+from qdq.rule import Finding, FixSafety
 from qdq.ruleset import RuleSet, load_rules_file, load_target
 
 NPU_CODES = [

@@ -25,7 +25,8 @@ from qdq.errors import RuleSetError
 from qdq.fix import fix
 from qdq.lint import lint
 from qdq.model import Model, load_model, save_model
-from qdq.rule import FixSafety, all_rules
+from qdq.registry import all_rules
+from qdq.rule import FixSafety
 from qdq.ruleset import load_rules_file, load_target
 
 ORT = load_target("ort")

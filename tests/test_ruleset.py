@@ -7,7 +7,8 @@ from pathlib import Path
 import pytest
 
 from qdq.errors import RuleSetError
-from qdq.rule import RULES, Rule, Severity, all_rules
+from qdq.registry import all_rules
+from qdq.rule import RULES, Rule, Severity
 from qdq.ruleset import (
     ProjectConfig,
     RuleSet,

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 
 from qdq.commands.args import UsageError, add_logging_args
-from qdq.rule import all_rules
+from qdq.registry import all_rules
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:

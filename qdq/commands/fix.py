@@ -31,7 +31,8 @@ from qdq.fix import DEFAULT_MAX_ROUNDS, FixResult, fix
 from qdq.model import Model, save_model
 from qdq.reports import fix as fix_report
 from qdq.reports.json import dumps
-from qdq.rule import FixSafety, all_rules
+from qdq.registry import all_rules
+from qdq.rule import FixSafety
 from qdq.suppression import drop_ignored
 from qdq.verify import CandidateFailed, UnfeedableInput, VerifyResult, compare, load_samples
 

@@ -12,7 +12,8 @@ from pathlib import Path
 
 from qdq.lint import LintReport, LintResult, Unreadable
 from qdq.reports.text import describe
-from qdq.rule import Severity, all_rules
+from qdq.registry import all_rules
+from qdq.rule import Severity
 
 _COMMANDS = {Severity.ERROR: "error", Severity.WARNING: "warning", Severity.INFO: "notice"}
 

@@ -15,8 +15,9 @@ from typing import Any
 from urllib.parse import quote
 
 from qdq.lint import LintReport, LintResult, Unreadable, identity
+from qdq.registry import all_rules
 from qdq.reports.json import dumps
-from qdq.rule import Finding, Rule, Severity, all_rules
+from qdq.rule import Finding, Rule, Severity
 from qdq.ruleset import RuleSet
 
 SCHEMA = "https://json.schemastore.org/sarif-2.1.0.json"
