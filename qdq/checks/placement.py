@@ -31,13 +31,10 @@ from qdq.operands import BIAS_INPUT, WEIGHT_INPUT, output_channel_axis
 from qdq.quant_index import DEQUANTIZE, QUANTIZE, QuantIndex, resolve_constant
 from qdq.rule import Change, CheckContext, Finding, FixSafety, Rule, Severity, register
 
-# Ops TensorRT moves Q/DQ through (they commute with quantization); shared by the rules below.
-_TRANSPARENT = ["MaxPool", "Reshape", "Transpose", "Flatten", "Squeeze", "Unsqueeze", "Slice", "Pad", "Concat"]
-# Activations TensorRT fuses into the conv before them; "Sigmoid" also stands for SiLU, Mul(x, Sigmoid(x)).
-_ACTIVATIONS = ["Relu", "LeakyRelu", "Clip", "Sigmoid"]
+# The op lists these rules read (which ops commute with Q/DQ, which fuse into a conv) are target
+# knowledge: the rule set gives them (rules/trt.toml [params]); the defaults here are empty.
 # What the rules about a conv and its fused residual Add read (QDQ802, QDQ803, QDQ807).
-_RESIDUAL_PARAMETERS = {"ops": ["Add"], "fusible": ["Conv", "ConvTranspose"], "absorbed": ["BatchNormalization"],
-                        "activations": _ACTIVATIONS}
+_RESIDUAL_PARAMETERS = {"ops": ["Add"], "fusible": [], "absorbed": [], "activations": []}
 
 
 def is_quantized(index: QuantIndex, tensor: gs.Tensor, transparent: Iterable[str]) -> bool:
@@ -104,7 +101,7 @@ class FloatInput(Rule):
     fix_safety = FixSafety.APPROXIMATE
     parameters = {
         "ops": ["Conv", "ConvTranspose", "Gemm", "MatMul"],
-        "transparent": _TRANSPARENT,
+        "transparent": [],
         "skip_graph_outputs": True,
         "calibrated_type": "int8",
         **DEFERRED_PARAMETERS,
@@ -278,7 +275,7 @@ class FloatResidual(_ResidualRule):
     code = "QDQ802"
     name = "float-residual"
     message = "{node}: residual input {residual} is float, so {conv} + {node} fuse with a float output{how}"
-    parameters = {**_RESIDUAL_PARAMETERS, "transparent": _TRANSPARENT, "calibrated_type": "int8"}
+    parameters = {**_RESIDUAL_PARAMETERS, "transparent": [], "calibrated_type": "int8"}
 
     def check(self, ctx: CheckContext) -> Iterable[Finding]:
         for node, slot, branch in self.residual_adds(ctx):
@@ -390,7 +387,7 @@ class QdqBeforeActivation(Rule):
     message = "{node}: {quantize} between {conv} and this {op} keeps the activation out of the conv"
     severity = Severity.WARNING
     fix_safety = FixSafety.APPROXIMATE
-    parameters = {"fusible": ["Conv", "ConvTranspose"], "absorbed": ["BatchNormalization"], "activations": _ACTIVATIONS}
+    parameters = {"fusible": [], "absorbed": [], "activations": []}
 
     def check(self, ctx: CheckContext) -> Iterable[Finding]:
         for node in ctx.graph.nodes:
