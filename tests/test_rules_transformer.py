@@ -82,21 +82,21 @@ def test_fixed_ort_vit_quantizes_every_matmul_and_leaves_the_head_and_output_flo
     assert all(t not in made_by or made_by[t].op_type != "DequantizeLinear" for t in head.input)
     for output in graph.output:
         assert made_by[output.name].op_type not in ("DequantizeLinear", "QuantizeLinear")
-    # No quantized LayerNorm parameter or bias, no Q/DQ in front of Softmax or GELU's Erf.
+    # No quantized LayerNorm parameter or bias, no Q/DQ inside GELU or in front of Softmax.
     for node in graph.node:
         slots = {"LayerNormalization": (1, 2), "Conv": (2,), "Gemm": (2,)}.get(node.op_type, ())
         inputs = [node.input[i] for i in slots if i < len(node.input)]
-        if node.op_type in ("Softmax", "Erf"):
+        if node.op_type in ("Softmax", "Erf", "Div") or "/mlp.1/" in node.name:
             inputs = list(node.input)
         assert all(t not in made_by or made_by[t].op_type != "DequantizeLinear" for t in inputs), node.name
 
 
-def test_fixed_ort_vit_is_as_close_to_float_as_modelopts_int8(ort_vit_fixed):
+def test_fixed_ort_vit_is_closer_to_float_than_modelopts_int8(ort_vit_fixed):
     """TensorRT needs symmetric int8, so onnxruntime's asymmetric uint8 grids cannot be kept: the
-    reference is what NVIDIA's own tool gets on the same network (rel L2 0.0376; the onnxruntime
-    export, run by onnxruntime, is at 0.0243)."""
+    reference is what NVIDIA's own tool gets on the same network (rel L2 0.0376; qdq 0.0356; the
+    onnxruntime export, run by onnxruntime, is at 0.0243)."""
     modelopt = float_error("transformer", CORPUS / "modelopt" / "transformer_int8.onnx")
-    assert float_error("transformer", ort_vit_fixed) <= 1.05 * modelopt
+    assert float_error("transformer", ort_vit_fixed) <= modelopt
 
 
 # --- QDQ808 quantized-small-gemm --------------------------------------------------------------------

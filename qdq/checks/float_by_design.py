@@ -251,12 +251,12 @@ def _moved_dequantized(ctx: CheckContext, tensor: gs.Tensor) -> bool:
 class QdqBeforeFloatOp(Rule):
     """A Q/DQ pair whose value only ops running in float read should not be there.
 
-    Why: TensorRT runs Softmax, GELU's Erf and arithmetic with a constant operand (a bias Add,
-    GELU's scaling) in FP16/FP32; it fuses a bias Add into the GEMM before it. A Q/DQ pair
-    whose every reader (through ops Q/DQ move through, `transparent`) is such an
-    op (`float_ops`, or one of `float_with_constant` with a constant operand) rounds the value to
-    INT8 and converts it back, costing precision and a conversion layer, and splits the GEMM from
-    its bias. NVIDIA Model Optimizer quantizes only the inputs of the ops TensorRT runs in INT8;
+    Why: TensorRT runs Softmax, GELU's Erf and pointwise arithmetic with a constant operand (a
+    bias Add, GELU's scaling) or an operand a float op made (GELU's `x · (1 + erf(x/√2))`) in
+    FP16/FP32; it fuses a bias Add into the GEMM before it. A Q/DQ pair whose every reader
+    (through ops Q/DQ move through, `transparent`) is such an op (`float_ops`, or one of
+    `pointwise` with such an operand) rounds the value to INT8 and converts it back, costing
+    precision and a conversion layer, and splits the GEMM from its bias. NVIDIA Model Optimizer quantizes only the inputs of the ops TensorRT runs in INT8;
     onnxruntime's `quantize_static` quantizes the input of every op. (ModelOpt does quantize a
     LayerNormalization's input after a residual Add, so LayerNormalization is not in the list.)
 
@@ -271,7 +271,7 @@ class QdqBeforeFloatOp(Rule):
     fix_safety = FixSafety.APPROXIMATE
     parameters = {
         "float_ops": ["Softmax", "Erf"],
-        "float_with_constant": ["Add", "Sub", "Mul", "Div"],
+        "pointwise": ["Add", "Sub", "Mul", "Div"],
         "transparent": [],  # the rule set's shared list
     }
 
@@ -291,7 +291,7 @@ class QdqBeforeFloatOp(Rule):
 
     def _readers(self, ctx: CheckContext, dequantizes: list[gs.Node]) -> list[gs.Node] | None:
         """The ops that read the dequantized value, when all run in float (else None)."""
-        float_ops, with_constant = set(ctx.params["float_ops"]), set(ctx.params["float_with_constant"])
+        float_ops, pointwise = set(ctx.params["float_ops"]), set(ctx.params["pointwise"])
         transparent = set(ctx.params["transparent"])
         readers: list[gs.Node] = []
         stack = [dq.outputs[0] for dq in dequantizes if dq.outputs]
@@ -302,8 +302,9 @@ class QdqBeforeFloatOp(Rule):
             for consumer, _ in ctx.index.consumers_through(tensor):
                 if consumer.op in transparent and consumer.outputs:
                     stack.append(consumer.outputs[0])
-                elif consumer.op in float_ops or (consumer.op in with_constant and any(
-                        t is not None and constant_ancestry(t) is not None for t in consumer.inputs)):
+                elif consumer.op in float_ops or (consumer.op in pointwise and any(
+                        t is not None and (constant_ancestry(t) is not None or _made_in_float(t, float_ops, pointwise))
+                        for t in consumer.inputs)):
                     readers.append(consumer)
                 else:
                     return None
@@ -316,3 +317,16 @@ class QdqBeforeFloatOp(Rule):
             replace_uses(dequantize.outputs[0], source)
         return [Change(self.code, value.quantize.name, source.name, "Q → DQ", "float",
                        f"Q/DQ removed: {finding.values['readers']} read {source.name} in float")]
+
+
+def _made_in_float(tensor: gs.Tensor, float_ops: set[str], pointwise: set[str], depth: int = 6) -> bool:
+    """Whether a float op makes `tensor`, through a few pointwise ops and Q/DQ: the `1 + erf(x/√2)`
+    that GELU's Mul reads, which TensorRT computes in one float kernel with the Mul."""
+    producer = tensor.inputs[0] if len(tensor.inputs) == 1 else None
+    if producer is None or depth == 0:
+        return False
+    if producer.op in float_ops:
+        return True
+    if producer.op in pointwise or producer.op in ("QuantizeLinear", "DequantizeLinear"):
+        return any(t is not None and _made_in_float(t, float_ops, pointwise, depth - 1) for t in producer.inputs[:2])
+    return False
