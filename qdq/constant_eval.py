@@ -20,26 +20,46 @@ from qdq.rule import CheckContext
 log = logging.getLogger("qdq")
 
 
+# More nodes than this between a tensor and the constants it is computed from means it is not a
+# parameter but an activation (a walk to the graph input would cost the whole graph, per tensor).
+MAX_CONSTANT_NODES = 64
+
+
 def constant_ancestry(tensor: gs.Tensor) -> list[gs.Node] | None:
-    """The nodes that compute `tensor` from constants alone, producers first; None if it reads a graph input."""
+    """The nodes that compute `tensor` from constants alone, producers first; None if it reads a
+    graph input or takes more than MAX_CONSTANT_NODES nodes."""
+    producer = _producer(tensor)
+    if producer is False:
+        return None
+    if producer is None:
+        return []
     order: list[gs.Node] = []
-    seen: set[int] = set()
+    done: set[int] = set()
+    stack = [(producer, iter(producer.inputs))]
+    while stack:  # depth-first, a node after all its producers (no recursion: chains can be long)
+        node, inputs = stack[-1]
+        for t in inputs:
+            child = _producer(t) if t is not None else None
+            if child is False:
+                return None
+            if child is not None and id(child) not in done:
+                if len(done) + len(stack) >= MAX_CONSTANT_NODES:
+                    return None
+                stack.append((child, iter(child.inputs)))
+                break
+        else:
+            stack.pop()
+            if id(node) not in done:
+                done.add(id(node))
+                order.append(node)
+    return order
 
-    def visit(t: gs.Tensor) -> bool:
-        if isinstance(t, gs.Constant) or t.name == "":
-            return True
-        if len(t.inputs) != 1:
-            return False
-        producer = t.inputs[0]
-        if id(producer) in seen:
-            return True
-        seen.add(id(producer))
-        if not all(visit(i) for i in producer.inputs if i is not None):
-            return False
-        order.append(producer)
-        return True
 
-    return order if visit(tensor) else None
+def _producer(tensor: gs.Tensor) -> gs.Node | None | bool:
+    """The node making `tensor`; None for a constant or an empty input; False for a graph input."""
+    if isinstance(tensor, gs.Constant) or tensor.name == "":
+        return None
+    return tensor.inputs[0] if len(tensor.inputs) == 1 else False
 
 
 def evaluate_constant(ctx: CheckContext, tensor: gs.Tensor) -> np.ndarray | None:

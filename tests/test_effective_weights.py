@@ -80,7 +80,9 @@ def test_uint8_weights_become_int8(tmp_path, target):
     model = CORPUS / "ort" / "resnet_u8u8.onnx"
     out, report = fixed(tmp_path, model, "--target", target)
     moved = changes(report, "QDQ501")
-    assert len(moved) == 10
+    # For TensorRT the 10-class head Gemm goes float first (QDQ808), so its weight is not moved.
+    quantized = 10 if target == "npu" else 9
+    assert len(moved) == quantized
     assert all(c["old"].startswith("uint8 ") and c["new"].startswith("int8 ") for c in moved)
     assert not {c["tensor"] for c in changes(report, "QDQ503")} & {c["tensor"] for c in moved}  # moved once
     lint = qdq("lint", out, "--target", target, "--format", "json")
@@ -89,7 +91,7 @@ def test_uint8_weights_become_int8(tmp_path, target):
     constants = {i.name: onnx.numpy_helper.to_array(i) for i in graph.initializer}
     weights = [n for n in graph.node if n.op_type == "DequantizeLinear" and constants.get(n.input[0]) is not None
                and constants[n.input[0]].ndim > 1]
-    assert len(weights) == 10
+    assert len(weights) == quantized
     assert all(constants[n.input[0]].dtype == np.int8 and not constants[n.input[2]].any() for n in weights)
 
 
