@@ -25,7 +25,16 @@ var QdqGraph = (function () {
     dagre.layout(g);
     nodes.forEach(function (n) { var p = g.node(n.id); n.x = p.x; n.y = p.y; });
     edges.forEach(function (e, i) { e.points = g.edge(e.from, e.to, "e" + i).points; });
-    return {width: g.graph().width, height: g.graph().height};
+    // dagre fits the drawing to the boxes; an edge may bend outside them, so shift by what sticks out left.
+    var left = 0, right = g.graph().width;
+    edges.forEach(function (e) {
+      e.points.forEach(function (p) { left = Math.min(left, p.x - 4); right = Math.max(right, p.x + 4); });
+    });
+    if (left < 0) {
+      nodes.forEach(function (n) { n.x -= left; });
+      edges.forEach(function (e) { e.points.forEach(function (p) { p.x -= left; }); });
+    }
+    return {width: right - left, height: g.graph().height};
   }
 
   /* One box: a rect with up to three text lines, a tooltip, data-* attributes, an optional link over the whole box and an
