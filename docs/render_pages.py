@@ -1,11 +1,12 @@
 """Render qdq's HTML reports in headless Chromium: the pictures in docs/, and the browser the tests use.
 
-    python docs/render_pages.py                 # writes docs/compare.png, docs/compare_graphs.png, docs/lint.png
+    python docs/render_pages.py                 # writes docs/compare.png, compare_graphs.png, lint.png, fix.png
     python docs/render_pages.py --only lint --html /tmp/lint.html
 
 The compare pages are of NVIDIA TREx's MobileNetV2 QAT pair on a TITAN RTX (TensorRT 8.4), with
 profiles: A has the residual inputs quantized (good), B does not (bad). The lint page is of the
-onnxruntime quantize_static YOLO-style model of the test corpus, linted for the NPU.
+onnxruntime quantize_static YOLO-style model of the test corpus, linted for the NPU; the fix page is
+of the same model fixed for TensorRT.
 """
 
 from __future__ import annotations
@@ -44,6 +45,12 @@ def write_lint(path: Path) -> None:
         raise SystemExit(f"render_pages: qdq lint exited {done.returncode}")
 
 
+def write_fix(path: Path) -> None:
+    """`qdq fix --dry-run --report-html` on the corpus model (exit 0: it fixes clean)."""
+    subprocess.run([sys.executable, "cli.py", "fix", str(LINT_MODEL), "--target", "trt", "--dry-run",
+                    "--report-html", str(path.resolve())], cwd=ROOT, check=True, capture_output=True)
+
+
 def _chromium(chromium: str | None, *args: str, timeout: float = 120) -> subprocess.CompletedProcess:
     """Run headless Chromium. --no-sandbox: it refuses to start as root (containers, CI) otherwise;
     the pages are local files whose scripts only draw."""
@@ -76,6 +83,7 @@ PICTURES = {
     "compare": (write_compare, "compare.png", SIZE, ""),
     "compare-graphs": (write_compare, "compare_graphs.png", (1280, 1400), "graphs-alone"),
     "lint": (write_lint, "lint.png", (1280, 1600), ""),
+    "fix": (write_fix, "fix.png", (1500, 1500), ""),
 }
 
 

@@ -36,7 +36,7 @@ def section(comparison: Comparison, time: Callable[[float], str] | None) -> str:
     `time` formats a layer's averageMs with the page's unit, or is None without profiles.
     """
     data = graph_data(comparison, time)
-    legend = "".join(f"<span class='{kind}'>{escape(text)}</span>" for kind, text in LEGEND)
+    legend = "".join(f"<span class='key {kind}'>{escape(text)}</span>" for kind, text in LEGEND)
     collapsed = sum(block["collapsed"] for block in data["blocks"])
     note = (f" {collapsed} of {len(data['blocks'])} regions without differences start collapsed." if collapsed else "")
     return (

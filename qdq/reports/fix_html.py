@@ -30,7 +30,7 @@ def render(model: Path, output: Path | None, before: LintResult, after: list, fi
         drawings = (picture_block(f"before-{number}", "before", finding, finding.neighbourhood, pictures)
                     + picture_block(f"after-{number}", "after", finding, later, pictures))
         cards.append(card(number, finding, status + _changes(fixed.changes, finding)
-                          + f"<div class='pictures'>{drawings}</div>"))
+                          + f"<div class='pictures pair'>{drawings}</div>"))
     known = {identity(f) for f in before.findings}
     introduced = [f for f in fixed.result.findings if identity(f) not in known]
     new_cards = [card(len(before.findings) + k, f, "<div class='pictures'>" + picture_block(

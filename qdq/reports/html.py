@@ -28,6 +28,7 @@ table{border-collapse:collapse} td,th{border-bottom:1px solid #ddd;padding:2px 6
 .finding:target{outline:2px solid #4c72b0} .finding h3{font-size:1em;margin:0 0 4px}
 .effect{color:#555} .muted{color:#777} .note{background:#fff8e0;border-left:4px solid #e0b000;padding:4px 8px}
 .pictures{display:flex;gap:24px;flex-wrap:wrap;align-items:flex-start} .picture{overflow:auto;max-width:100%}
+.pictures.pair{display:grid;grid-template-columns:1fr 1fr} .pictures.pair>div{min-width:0}
 .pictures h4{margin:4px 0;font-size:12px;color:#555} .fixed{color:#282} .remains{color:#c00}
 """ + onnx_pictures.CSS
 KEY = "Pictures: the finding's node (red border), its Q/DQ nodes, producers and consumers two hops out; Q/DQ " \
