@@ -10,7 +10,6 @@ from collections import Counter
 from pathlib import Path
 
 import numpy as np
-import pytest
 
 import cli
 from browser import CHROMIUM, RENDER, needs_chromium, png_pixels
@@ -33,12 +32,12 @@ def lint(tmp_path: Path, model: Path, target: str, fmt: str) -> str:
     return out.read_text()
 
 
-def maxpool_model(path: Path) -> Path:
-    """Conv → MaxPool whose output Q/DQ has twice the input's scale: what onnxruntime cannot drop."""
+def maxpool_model(path: Path, pool: str = "pool") -> Path:
+    """Conv → MaxPool (named `pool`) whose output Q/DQ has twice the input's scale: what onnxruntime cannot drop."""
     g = GraphBuilder()
     x = g.input("x", [1, 3, 8, 8])
     conv = g.node("Conv", [g.qdq(x, 0.02), g.weight("w", np.full((4, 3, 3, 3), 0.1, np.float32))], name="conv")
-    pool = g.node("MaxPool", [g.qdq(conv, 0.05, name="before_pool")], name="pool", kernel_shape=[2, 2])
+    pool = g.node("MaxPool", [g.qdq(conv, 0.05, name="before_pool")], name=pool, kernel_shape=[2, 2])
     g.output(g.node("Relu", [g.qdq(pool, 0.1, name="after_pool")], name="relu"), [1, 4, 3, 3])
     return g.save(path)
 
@@ -86,6 +85,15 @@ def test_a_maxpool_mismatch_is_drawn_with_its_producer_and_consumer(tmp_path):
     assert ops == {"Conv": 1, "MaxPool": 1, "Relu": 1, "Q → DQ": 3}
     assert len(mismatch_colours(picture)) == 2
     assert sorted(picture["legend"]) == ["scale 0.02 zp 0", "scale 0.05 zp 0", "scale 0.1 zp 0"]
+
+
+def test_names_from_the_model_are_escaped(tmp_path):
+    hostile = "<script>alert(1)</script> & \"x\" 'y'"
+    html = lint(tmp_path, maxpool_model(tmp_path / "pool.onnx", pool=hostile), "ort", "html")
+    page = Page(html)
+    assert page.tags["script"] == 4 and page.external == []  # the picture data and three inline scripts
+    assert hostile in page.by_tag["code"]
+    assert any(node["title"] == f"MaxPool {hostile}" for p in pictures(html).values() for node in p["nodes"])
 
 
 def test_fix_report_draws_each_finding_before_and_after(tmp_path):
