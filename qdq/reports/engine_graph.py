@@ -20,7 +20,9 @@ from qdq.engine.diff import Comparison, Difference
 from qdq.engine.layers import Engine, Layer
 from qdq.reports.html_assets import json_data, scripts
 
-COLLAPSE_ABOVE = 300  # rows: a larger drawing starts with the regions without differences collapsed
+# Rows: a larger drawing starts with the regions without differences collapsed, and is laid out
+# without dagre's crossing-reduction sweeps (2/3 of its time; engines are nearly chains).
+COLLAPSE_ABOVE = 300
 NAME_CHARS = 34  # what fits on a box's first line
 LEGEND = (
     ("only-in-b", "only in B (extra Q/DQ, reformat or layer)"),
@@ -82,7 +84,7 @@ def graph_data(comparison: Comparison, time: Callable[[float], str] | None) -> d
               "layers": [_box(layer, row_of[id(layer)], diffs_of.get(id(layer), []), time) for layer in engine.layers],
               "edges": _edges(engine, row_of)}
              for key, role, engine in (("a", "reference", comparison.a), ("b", "candidate", comparison.b))]
-    return {"rows": rows, "blocks": blocks, "sides": sides}
+    return {"rows": rows, "blocks": blocks, "sides": sides, "large": large}
 
 
 def _differences_by_layer(comparison: Comparison) -> dict[int, list[tuple[int, Difference]]]:

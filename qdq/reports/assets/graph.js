@@ -11,8 +11,9 @@ var QdqGraph = (function () {
 
   /* Place `nodes` ({id, width, height, rank?}) and route `edges` ({from, to}); sets x, y on each node
      (its centre) and points on each edge, and returns the drawing's {width, height}. With `rank` on
-     every node and options.ranker "none", the caller fixes the rows (dagre's ranks are 2 apart). */
-  function layout(nodes, edges, options) {
+     every node and options.ranker "none", the caller fixes the rows (dagre's ranks are 2 apart).
+     `layoutOptions` go to dagre.layout itself (e.g. disableOptimalOrderHeuristic). */
+  function layout(nodes, edges, options, layoutOptions) {
     var g = new dagre.graphlib.Graph({multigraph: true});
     g.setGraph(Object.assign({nodesep: 24, ranksep: 28, marginx: 4, marginy: 4}, options || {}));
     g.setDefaultEdgeLabel(function () { return {}; });
@@ -22,7 +23,7 @@ var QdqGraph = (function () {
       g.setNode(n.id, label);
     });
     edges.forEach(function (e, i) { g.setEdge(e.from, e.to, {}, "e" + i); });
-    dagre.layout(g);
+    dagre.layout(g, layoutOptions || {});
     nodes.forEach(function (n) { var p = g.node(n.id); n.x = p.x; n.y = p.y; });
     edges.forEach(function (e, i) { e.points = g.edge(e.from, e.to, "e" + i).points; });
     // dagre fits the drawing to the boxes; an edge may bend outside them, so shift by what sticks out left.
