@@ -49,6 +49,12 @@ def neighbourhoods(model: Model, findings: list[Finding]) -> list[Neighbourhood 
     return [graph.around(_centre(finding, by_name, tensors), finding.tensors) for finding in findings]
 
 
+def attach(model: Model, findings: list[Finding]) -> None:
+    """Give each finding its neighbourhood (`finding.neighbourhood`), for the HTML reports."""
+    for finding, drawn in zip(findings, neighbourhoods(model, findings)):
+        finding.neighbourhood = drawn
+
+
 def _centre(finding: Finding, by_name: dict[str, gs.Node], tensors: dict[str, gs.Tensor]) -> gs.Node | None:
     """The finding's node, else the producer (or first consumer) of its first tensor in the graph."""
     if finding.node in by_name:

@@ -8,7 +8,7 @@ import tempfile
 from pathlib import Path
 from typing import Callable
 
-from qdq import progress
+from qdq import neighbourhood, progress
 from qdq.commands.args import (
     UsageError,
     add_input_args,
@@ -30,7 +30,6 @@ from qdq.files import atomic_write_text, check_writable, same_file
 from qdq.fix import DEFAULT_MAX_ROUNDS, FixResult, fix
 from qdq.lint import LintResult, lint
 from qdq.model import Model, save_model
-from qdq.neighbourhood import neighbourhoods
 from qdq.reports import fix as fix_report
 from qdq.reports import fix_html
 from qdq.reports.json import dumps
@@ -145,8 +144,7 @@ def _drawn_findings(model: Model, ruleset, ranges, per_node_ignores: dict[str, l
     """The input model's findings, each with its neighbourhood drawn before the fixes edit the graph."""
     before = lint(model, ruleset, ranges)
     drop_ignored(before, per_node_ignores)
-    for finding, drawn in zip(before.findings, neighbourhoods(model, before.findings)):
-        finding.neighbourhood = drawn
+    neighbourhood.attach(model, before.findings)
     return before
 
 
@@ -154,10 +152,8 @@ def _html_report(before: LintResult, fixed: FixResult, model: Model, path: Path,
                  verdict: str) -> str:
     """The fix report page: the same nodes drawn in the fixed graph, and the findings the fixes introduced."""
     final = fixed.model or model
-    after = neighbourhoods(final, before.findings)
-    for finding, drawn in zip(fixed.result.findings, neighbourhoods(final, fixed.result.findings)):
-        finding.neighbourhood = drawn
-    return fix_html.render(path, output, before, after, fixed, verdict)
+    neighbourhood.attach(final, fixed.result.findings)
+    return fix_html.render(path, output, before, neighbourhood.neighbourhoods(final, before.findings), fixed, verdict)
 
 
 def _check_options(args: argparse.Namespace) -> None:

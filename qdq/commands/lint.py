@@ -6,6 +6,7 @@ import argparse
 import sys
 from pathlib import Path
 
+from qdq import neighbourhood
 from qdq.baseline import drop_baselined, load_baseline, write_baseline
 from qdq.commands.args import (
     UsageError,
@@ -22,7 +23,6 @@ from qdq.errors import ModelLoadError
 from qdq.files import check_writable, same_file
 from qdq.lint import LintReport, Unreadable, lint
 from qdq.model import load_model
-from qdq.neighbourhood import neighbourhoods
 from qdq.paths import model_paths
 from qdq.reports import FORMATS, render
 from qdq.ruleset import RuleSet
@@ -107,8 +107,7 @@ def _lint_each(paths: list[Path], ruleset: RuleSet, per_node_ignores: dict[str, 
         result = lint(model, ruleset)
         drop_ignored(result, per_node_ignores)
         if pictures:
-            for finding, drawn in zip(result.findings, neighbourhoods(model, result.findings)):
-                finding.neighbourhood = drawn
+            neighbourhood.attach(model, result.findings)
         for finding in result.findings:
             finding.subject = None  # reports never read it; dropping it frees this graph before the next is read
         report.models.append(result)

@@ -36,6 +36,7 @@ def picture(holder: str, label: str, neighbourhood: Neighbourhood) -> dict[str, 
     common case) is one box, which halves the height of most pictures."""
     merged = _quantized_tensors(neighbourhood)
     quantized = {b: tensor for _, b, tensor in neighbourhood.edges if b in merged}
+    by_id = {node.id: node for node in neighbourhood.nodes}
     colours: dict[str, str] = {}
     for node in neighbourhood.nodes:
         if node.params is not None and node.params not in colours:
@@ -49,7 +50,7 @@ def picture(holder: str, label: str, neighbourhood: Neighbourhood) -> dict[str, 
         shown = quantized.get(node.id, node.name) if dq else node.name  # a pair is named by the tensor it quantizes
         name = shown if len(shown) <= NAME_CHARS else "…" + shown[-(NAME_CHARS - 1):]
         box = {"id": node.id, "lines": [op, name] + ([node.params] if node.params else []),
-               "title": f"{node.op} {node.name}" + (f" → {neighbourhood_name(neighbourhood, dq)}" if dq else "")
+               "title": f"{node.op} {node.name}" + (f" → {by_id[dq].op} {by_id[dq].name}" if dq else "")
                + (f"\n{node.params}" if node.params else ""),
                "cls": " ".join(c for c in ("centre" if node.centre else "", "qdq" if node.params else "") if c)}
         if node.params is not None:
@@ -59,10 +60,6 @@ def picture(holder: str, label: str, neighbourhood: Neighbourhood) -> dict[str, 
     edges = [[into.get(a, a), b, tensor, "marked" if tensor in neighbourhood.tensors else ""]
              for a, b, tensor in neighbourhood.edges if b not in into]
     return {"holder": holder, "label": label, "nodes": nodes, "edges": edges, "legend": colours}
-
-
-def neighbourhood_name(neighbourhood: Neighbourhood, node_id: str) -> str:
-    return next(f"{node.op} {node.name}" for node in neighbourhood.nodes if node.id == node_id)
 
 
 def _quantized_tensors(neighbourhood: Neighbourhood) -> dict[str, str]:
