@@ -14,6 +14,7 @@ import numpy as np
 import cli
 from browser import CHROMIUM, RENDER, needs_chromium, png_pixels
 from builders import GraphBuilder
+from qdq.reports import html as html_report
 from test_compare_html import Page
 
 CORPUS = Path(__file__).parent / "corpus" / "ort"
@@ -94,6 +95,12 @@ def test_names_from_the_model_are_escaped(tmp_path):
     assert page.tags["script"] == 4 and page.external == []  # the picture data and three inline scripts
     assert hostile in page.by_tag["code"]
     assert any(node["title"] == f"MaxPool {hostile}" for p in pictures(html).values() for node in p["nodes"])
+
+
+def test_a_page_draws_at_most_MAX_PICTURES(tmp_path, monkeypatch):
+    monkeypatch.setattr(html_report, "MAX_PICTURES", 10)
+    html = lint(tmp_path, YOLO, "npu", "html")
+    assert len(pictures(html)) == 10 and html.count("No picture: a page draws at most 10.") == 285 - 10
 
 
 def test_fix_report_draws_each_finding_before_and_after(tmp_path):

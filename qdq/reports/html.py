@@ -31,6 +31,7 @@ table{border-collapse:collapse} td,th{border-bottom:1px solid #ddd;padding:2px 6
 .pictures.pair{display:grid;grid-template-columns:1fr 1fr} .pictures.pair>div{min-width:0}
 .pictures h4{margin:4px 0;font-size:12px;color:#555} .fixed{color:#282} .remains{color:#c00}
 """ + onnx_pictures.CSS
+MAX_PICTURES = 300  # beyond this a page gets slow to open (~1 s per 100 pictures); the most severe come first
 KEY = "Pictures: the finding's node (red border), its Q/DQ nodes, producers and consumers two hops out; Q/DQ " \
       "nodes with the same scale and zero point share a colour; red edges carry the finding's tensors."
 
@@ -67,6 +68,8 @@ def card(number: int, finding: Finding, body: str) -> str:
 def picture_block(holder: str, heading: str, finding: Finding, neighbourhood, pictures: list[dict[str, Any]]) -> str:
     """A picture's holder and colour legend (its data appended to `pictures`), or why there is none."""
     title = f"<h4>{escape(heading)}</h4>" if heading else ""
+    if len(pictures) >= MAX_PICTURES:
+        return f"<div>{title}<p class='muted'>No picture: a page draws at most {MAX_PICTURES}.</p></div>"
     if neighbourhood is None:
         why = "about the whole model" if not (finding.node or finding.tensors) else "not in this model"
         return f"<div>{title}<p class='muted'>No picture: the finding's node is {why}.</p></div>"
