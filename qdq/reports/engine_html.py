@@ -71,7 +71,7 @@ svg text{font-family:monospace;font-size:11px} svg a:hover text{fill:#4c72b0}
 .graphs g.edge.int8 path{stroke:#3a3} .graphs g.edge.int8 path.head{fill:#3a3;stroke:none}
 .graphs g.edge.fp16 path{stroke:#d80} .graphs g.edge.fp16 path.head{fill:#d80;stroke:none}
 .graphs g.edge.order path{stroke-dasharray:3 3}
-.graphs g.band rect{fill:#fafafa} .graphs g.band.odd rect{fill:#f1f4f8} .graphs g.band{cursor:pointer}
+.graphs g.band rect{fill:#fafafa} .graphs g.band.odd rect{fill:#f1f4f8} .graphs text.region{cursor:pointer}
 .graphs g.band text.region{font-weight:bold;fill:#333} .graphs g.band text.count{fill:#c00}
 .graphs text.side{font-weight:bold;font-size:13px} .graphs g.block{cursor:pointer}
 body.graphs-alone{max-width:none} body.graphs-alone>*:not(.graphs-section){display:none}

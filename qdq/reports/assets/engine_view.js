@@ -74,9 +74,10 @@
       var next = rows.visible[row + 1];
       if (next && next.block === v.block) return;
       var b = data.blocks[v.block], y = rowTop(start), h = rowTop(row + 1) - y;
-      out += "<g class='band" + (v.block % 2 ? " odd" : "") + (b.diffs ? " has-diff" : "") + "' data-block='" + v.block + "'>" +
+      out += "<g class='band" + (v.block % 2 ? " odd" : "") + (b.diffs ? " has-diff" : "") + "'>" +
         "<rect x='0' y='" + y + "' width='" + width + "' height='" + h + "'/>" +
-        "<text class='region' x='4' y='" + (y + 16) + "'>" + (collapsed[v.block] ? "\u25b8 " : "\u25be ") +
+        "<text class='region' data-block='" + v.block + "' x='4' y='" + (y + 16) + "'>" +
+        (collapsed[v.block] ? "\u25b8 " : "\u25be ") +
         QdqGraph.esc(b.region.length > 26 ? b.region.slice(0, 25) + "\u2026" : b.region) + "<title>" +
         QdqGraph.esc(b.region) + (collapsed[v.block] ? ": click to expand" : ": click to collapse") + "</title></text>" +
         (b.diffs ? "<text class='count' x='4' y='" + (y + 30) + "'>" + b.diffs + " difference" + (b.diffs === 1 ? "" : "s") +
