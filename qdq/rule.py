@@ -62,6 +62,9 @@ class Finding:
     effect: str | None = None
     reformats: int = 0
     conversions: tuple[str, ...] = ()
+    # The part of the graph the HTML reports draw around it (qdq.neighbourhood), taken while the graph is
+    # loaded; never serialised.
+    neighbourhood: Any = field(default=None, repr=False, compare=False)
 
     def to_dict(self) -> dict[str, Any]:
         out = {

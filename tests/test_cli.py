@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 import os
 import subprocess
 import sys
@@ -157,6 +158,8 @@ def parse(fmt: str, text: str) -> list[str]:
         return [line.split(",title=", 1)[1].split()[0] for line in text.splitlines()]
     if fmt == "gitlab":
         return [issue["check_name"] for issue in json.loads(text)]
+    if fmt == "html":  # one card per finding: <div class='finding error' id='finding-1'><h3>1. <a href='#rule-QDQ201'>
+        return re.findall(r"id='finding-\d+'><h3>\d+\. <a href='#rule-(QDQ\d+)'>", text)
     return [line.split()[1] for line in text.splitlines() if " QDQ" in line and "[" in line]
 
 

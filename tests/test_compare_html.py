@@ -3,12 +3,8 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import re
-import shutil
-import struct
-import zlib
 from collections import Counter
 from html.parser import HTMLParser
 from pathlib import Path
@@ -16,13 +12,13 @@ from pathlib import Path
 import pytest
 
 import cli
+from browser import CHROMIUM, RENDER, needs_chromium, png_pixels
 from qdq.reports.engine_html import COLOURS, TOP_LAYERS
 
 TRT = Path(__file__).parent / "fixtures" / "trt" / "trex-v0.1.x"
 MOBILENET = TRT / "tests-inputs"
 RESNET = TRT / "pytorch" / "resnet" / "A100"
 TF_RESNET = TRT / "tensorflow" / "resnet" / "RTX-3090"
-RENDER_SCRIPT = Path(__file__).resolve().parent.parent / "docs" / "render_compare.py"
 VOID = {"area", "base", "br", "col", "embed", "hr", "img", "input", "link", "meta", "source", "wbr"}
 
 PAIRS = {
@@ -54,6 +50,7 @@ class Page(HTMLParser):
         self.by_tag: dict[str, list[str]] = {}
         self.cells: dict[str, dict[str, str]] = {}
         self._open: list[dict] = []
+        self.html = html
         self.feed(html)
         self.close()
 
@@ -98,6 +95,16 @@ class Page(HTMLParser):
             element["text"].append(data)
 
 
+def graph_data(html: str) -> dict:
+    """The JSON the page's script draws the engine graphs from."""
+    return json.loads(re.search(r"<script type='application/json' id='engine-graph-data'>(.*?)</script>", html).group(1))
+
+
+def drawn_boxes(html: str) -> set[str]:
+    """The ids of the layer boxes the script draws (`ga-3`: A's layer in row 3), from the page's data."""
+    return {f"g{side['key']}-{layer['j']}" for side in graph_data(html)["sides"] for layer in side["layers"]}
+
+
 def run(capsys, fmt: str, a: Path, b: Path, *options) -> str:
     assert cli.main(["compare", str(a), str(b), "--format", fmt, *map(str, options)]) == 0
     return capsys.readouterr().out
@@ -134,10 +141,10 @@ def test_every_difference_is_a_table_row_and_every_link_resolves(capsys, pair):
         assert row["rule"] == (diff["rule"] or "")
         assert row["onnx"].split() == diff["qdq_nodes"]
     assert len(page.ids) == len(set(page.ids))
-    assert set(page.links) <= set(page.ids)
+    assert set(page.links) <= set(page.ids) | drawn_boxes(page.html)
     assert {f"rule-{d['rule']}" for d in report["differences"] if d["rule"]} <= set(page.links)
     assert len([i for i in page.ids if i.startswith("pair-")]) == len(report["pairs"])
-    assert page.external == [] and page.tags["script"] == 0 and page.tags["link"] == 0
+    assert page.external == [] and page.tags["link"] == 0  # scripts are inline: none has a src
 
 
 def test_same_file_names_are_told_apart_by_folder(capsys):
@@ -194,62 +201,18 @@ def test_strings_from_the_engine_files_are_escaped(capsys, tmp_path):
     profile_a.write_text(json.dumps([{"count": 1}] + [{"name": n, "averageMs": 0.01} for n in (hostile[0], hostile[2])]))
     profile_b.write_text(json.dumps([{"count": 1}] + [{"name": n, "averageMs": 0.02} for n in hostile]))
     page = Page(run(capsys, "html", a, b, "--profile-a", profile_a, "--profile-b", profile_b))
-    assert page.tags["script"] == page.tags["img"] == 0 and page.external == []
+    assert page.tags["img"] == 0 and page.external == []
+    assert page.tags["script"] == 4  # the graph data and the three inline scripts: no name ended one early
     assert hostile[1] in [row.get("b name") for row in page.cells.values()]
     assert any(hostile[1] in title for title in page.by_tag["title"])  # the chart's bar tooltips
     assert str(a) in page.by_tag["code"] and a.name in page.by_tag["h1"][0]
 
 
-def find_chromium() -> str | None:
-    return shutil.which("chromium") or ("/usr/bin/chromium" if Path("/usr/bin/chromium").exists() else None)
-
-
-def png_pixels(path: Path) -> tuple[int, int, list[bytes]]:
-    """Width, height and the rows of an 8-bit RGB or RGBA PNG, decoded with zlib (no Pillow needed)."""
-    data = path.read_bytes()
-    assert data[:8] == b"\x89PNG\r\n\x1a\n"
-    pos, idat = 8, b""
-    while pos < len(data):
-        length, kind = struct.unpack(">I4s", data[pos:pos + 8])
-        if kind == b"IHDR":
-            width, height, depth, colour, _, _, interlace = struct.unpack(">IIBBBBB", data[pos + 8:pos + 21])
-            assert (depth, interlace) == (8, 0) and colour in (2, 6)
-        elif kind == b"IDAT":
-            idat += data[pos + 8:pos + 8 + length]
-        pos += 12 + length
-    bpp = 3 if colour == 2 else 4
-    raw, stride = zlib.decompress(idat), width * bpp
-    rows, previous = [], bytearray(stride)
-    for y in range(height):
-        start = y * (stride + 1)
-        kind, row = raw[start], bytearray(raw[start + 1:start + 1 + stride])
-        for i in range(stride):
-            left = row[i - bpp] if i >= bpp else 0
-            up, corner = previous[i], previous[i - bpp] if i >= bpp else 0
-            if kind == 1:
-                row[i] = (row[i] + left) & 255
-            elif kind == 2:
-                row[i] = (row[i] + up) & 255
-            elif kind == 3:
-                row[i] = (row[i] + (left + up) // 2) & 255
-            elif kind == 4:
-                p = left + up - corner
-                pa, pb, pc = abs(p - left), abs(p - up), abs(p - corner)
-                row[i] = (row[i] + (left if pa <= pb and pa <= pc else up if pb <= pc else corner)) & 255
-        rows.append(bytes(row))
-        previous = row
-    return width, height, [bytes(r[i:i + 3]) for r in rows for i in range(0, stride, bpp)]
-
-
-@pytest.mark.skipif(find_chromium() is None, reason="no chromium on this machine (Debian: apt-get install chromium); "
-                    "the page is checked in a real browser only where one is installed")
+@needs_chromium
 def test_chromium_renders_the_page_with_both_engines_bars(tmp_path):
-    spec = importlib.util.spec_from_file_location("render_compare", RENDER_SCRIPT)
-    render = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(render)
     html, png = tmp_path / "compare.html", tmp_path / "compare.png"
-    render.write_html(html)
-    render.screenshot(html, png, (1000, 1400), find_chromium())
+    RENDER.write_compare(html)
+    RENDER.screenshot(html, png, (1000, 1400), CHROMIUM)
     width, height, pixels = png_pixels(png)
     colours = Counter(pixels)
     assert (width, height) == (1000, 1400)

@@ -47,6 +47,8 @@ def test_wheel_contents(wheel: Path) -> None:
         names = archive.namelist()
         assert "qdq/cli.py" in names and "qdq/__main__.py" in names
         assert {"qdq/rules/common.toml", "qdq/rules/npu.toml", "qdq/rules/trt.toml", "qdq/rules/ort.toml"} <= set(names)
+        assets = {"dagre.min.js", "dagre.LICENSE", "README.md", "graph.js", "engine_view.js", "onnx_view.js"}
+        assert {f"qdq/reports/assets/{name}" for name in assets} <= set(names)  # the HTML reports inline them
         [licence] = [n for n in names if n.endswith(".dist-info/licenses/LICENSE")]
         assert "Apache License" in archive.read(licence).decode()
         assert [n for n in names if "/" not in n] == [], "the wheel installs top-level modules"

@@ -8,7 +8,7 @@ import tempfile
 from pathlib import Path
 from typing import Callable
 
-from qdq import progress
+from qdq import neighbourhood, progress
 from qdq.commands.args import (
     UsageError,
     add_input_args,
@@ -26,10 +26,12 @@ from qdq.commands.args import (
 from qdq.calibrate import tensor_ranges
 from qdq.errors import InvalidOutputError
 from qdq.exponent_search import search_exponents, search_settings
-from qdq.files import atomic_write_text, check_writable
+from qdq.files import atomic_write_text, check_writable, same_file
 from qdq.fix import DEFAULT_MAX_ROUNDS, FixResult, fix
+from qdq.lint import LintResult, lint
 from qdq.model import Model, save_model
 from qdq.reports import fix as fix_report
+from qdq.reports import fix_html
 from qdq.reports.json import dumps
 from qdq.registry import all_rules
 from qdq.rule import FixSafety
@@ -63,6 +65,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     group.add_argument("--keep-failed", action="store_true",
                        help="with -o: write the fixed model even when its outputs moved past tolerance (still exit 1)")
     group.add_argument("--report", type=Path, metavar="FILE.json", help="also write the full report as JSON")
+    group.add_argument("--report-html", type=Path, metavar="FILE.html",
+                       help="also write an HTML page drawing each finding's neighbourhood before and after the fix")
     group.add_argument("--format", choices=("text", "json"), default="text", help="stdout report format (default: text)")
     group.add_argument("--fail-on", metavar="SEVERITY", help="lowest remaining severity that fails (default: warning)")
     group = parser.add_argument_group("fixing")
@@ -92,8 +96,11 @@ def run(args: argparse.Namespace) -> int:
     fail_on = resolve_fail_on(args, config)
     output = args.model if args.in_place else args.output
     reads = input_files(args, config, ruleset) + [p for p in (args.inputs, args.calibrate) if p is not None]
-    if args.report is not None:
-        check_writable(args.report, inputs=reads + ([output] if output is not None else []))
+    reports = [path for path in (args.report, args.report_html) if path is not None]
+    if len(reports) == 2 and same_file(*reports):
+        raise UsageError(f"{args.report}: --report and --report-html name the same file")
+    for path in reports:
+        check_writable(path, inputs=reads + ([output] if output is not None else []))
     model = load_for_output(args.model, args.output, reads)
     # Read (and check) an --inputs file before anything is written: a bad .npz writes nothing.
     feeds, skipped = None, None
@@ -105,6 +112,7 @@ def run(args: argparse.Namespace) -> int:
     samples = load_samples(args.calibrate, args.model) if args.calibrate else []
     ranges = tensor_ranges(args.model, *samples) if samples else None
 
+    before = _drawn_findings(model, ruleset, ranges, config.per_node_ignores) if args.report_html else None
     log.info("fixing %s with rule set %r", args.model, ruleset.name)
     fixed = fix(model, ruleset, exact_only=args.exact_only, max_rounds=args.max_rounds, ranges=ranges)
     search, budget = search_settings(ruleset)
@@ -123,11 +131,30 @@ def run(args: argparse.Namespace) -> int:
     report = fix_report.to_dict(args.model, output, fixed, verification, skipped, written, fail_on, passed)
     if args.report is not None:
         atomic_write_text(args.report, dumps(report) + "\n")
+    if before is not None:
+        atomic_write_text(args.report_html, _html_report(before, fixed, model, args.model, output if written else None,
+                                                         verdict))
     text = dumps(report) if args.format == "json" else fix_report.render_text(
         args.model, output, fixed, verification, skipped, fail_on, verdict
     )
     emit(None, text)
     return EXIT_CLEAN if passed else EXIT_NOT_CLEAN
+
+
+def _drawn_findings(model: Model, ruleset, ranges, per_node_ignores: dict[str, list[str]]) -> LintResult:
+    """The input model's findings, each with its neighbourhood drawn before the fixes edit the graph."""
+    before = lint(model, ruleset, ranges)
+    drop_ignored(before, per_node_ignores)
+    neighbourhood.attach(model, before.findings)
+    return before
+
+
+def _html_report(before: LintResult, fixed: FixResult, model: Model, path: Path, output: Path | None,
+                 verdict: str) -> str:
+    """The fix report page: the same nodes drawn in the fixed graph, and the findings the fixes introduced."""
+    final = fixed.model or model
+    neighbourhood.attach(final, fixed.result.findings)
+    return fix_html.render(path, output, before, neighbourhood.neighbourhoods(final, before.findings), fixed, verdict)
 
 
 def _check_options(args: argparse.Namespace) -> None:

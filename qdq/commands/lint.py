@@ -6,6 +6,7 @@ import argparse
 import sys
 from pathlib import Path
 
+from qdq import neighbourhood
 from qdq.baseline import drop_baselined, load_baseline, write_baseline
 from qdq.commands.args import (
     UsageError,
@@ -67,7 +68,7 @@ def run(args: argparse.Namespace) -> int:
     reads = input_files(args, config, ruleset) + paths + ([args.baseline] if args.baseline is not None else [])
     _check_outputs(outputs, reads)
 
-    report = _lint_each(paths, ruleset, config.per_node_ignores, outputs)
+    report = _lint_each(paths, ruleset, config.per_node_ignores, outputs, pictures=args.format == "html")
     if not report.results:
         return EXIT_UNREADABLE  # every model failed, each said so on stderr: there is nothing to report
 
@@ -87,8 +88,11 @@ def run(args: argparse.Namespace) -> int:
     return EXIT_FINDINGS if failing and not args.exit_zero and args.write_baseline is None else EXIT_CLEAN
 
 
-def _lint_each(paths: list[Path], ruleset: RuleSet, per_node_ignores: dict[str, list[str]], outputs: list[Path]) -> LintReport:
-    """Lint the models one after the other; one that cannot be read is reported on stderr and skipped."""
+def _lint_each(paths: list[Path], ruleset: RuleSet, per_node_ignores: dict[str, list[str]], outputs: list[Path],
+               pictures: bool = False) -> LintReport:
+    """Lint the models one after the other; one that cannot be read is reported on stderr and skipped.
+
+    With `pictures` (the HTML report), each finding keeps the part of the graph around it."""
     report = LintReport(ruleset)
     for path in paths:
         log.info("linting %s with rule set %r (%d rules)", path, ruleset.name, len(ruleset.enabled()))
@@ -102,6 +106,8 @@ def _lint_each(paths: list[Path], ruleset: RuleSet, per_node_ignores: dict[str, 
         _check_outputs(outputs, model.input_files)  # external data files are known only now
         result = lint(model, ruleset)
         drop_ignored(result, per_node_ignores)
+        if pictures:
+            neighbourhood.attach(model, result.findings)
         for finding in result.findings:
             finding.subject = None  # reports never read it; dropping it frees this graph before the next is read
         report.models.append(result)

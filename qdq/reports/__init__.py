@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from qdq.lint import LintReport, LintResult
-from qdq.reports import github, gitlab, json, junit, sarif, text
+from qdq.reports import github, gitlab, html, json, junit, sarif, text
 from qdq.rule import Severity
 
 _WRITERS = {
@@ -13,6 +13,7 @@ _WRITERS = {
     "junit": junit.render,
     "github": github.render,
     "gitlab": gitlab.render,
+    "html": html.render,
 }
 FORMATS = tuple(_WRITERS)
 

@@ -1,11 +1,14 @@
-"""`qdq compare --format html`: one self-contained page, the differences as a table and the time as a chart.
+"""`qdq compare --format html`: one self-contained page: both engine graphs side by side, the time as a
+chart, the differences and every layer as tables.
 
-Inline CSS and an inline SVG chart; no script, no external resource, so the file can be attached to
-a CI run or mailed and opens anywhere. Every string that comes from the engine files (layer, tensor
-and file names) is escaped: a layer name may hold `<`, `&` or quotes.
+Inline CSS, an inline SVG chart and inline scripts (the graphs: see engine_graph); no external
+resource, so the file can be attached to a CI run or mailed and opens anywhere without network access.
+Every string that comes from the engine files (layer, tensor and file names) is escaped: a layer name
+may hold `<`, `&` or quotes.
 
-Links stay inside the page: a difference points to its row in the layer table and to its rule, a
-chart bar to its layer row, a layer row back to its differences.
+Links stay inside the page: a difference points to its box in the graphs, its row in the layer table
+and its rule; a box to its difference and rule; a chart bar to its layer row; a layer row back to its
+differences.
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ from qdq.engine.diff import Comparison, Difference, summary
 from qdq.engine.hazards import RULES
 from qdq.engine.layers import Layer
 from qdq.engine.onnx_map import OnnxMapping
+from qdq.reports import engine_graph
 
 TOP_LAYERS = 25  # chart rows: the layers with the largest time difference; the rest are summed in a note
 COLOURS = {"A": "#4c72b0", "B": "#dd8452"}
@@ -51,6 +55,27 @@ tr:target{outline:2px solid #4c72b0}
 .failed{background:#fde8e8;border-left:4px solid #c00;padding:4px 8px;font-weight:bold}
 .legend span{display:inline-block;padding:0 6px;margin-right:6px}
 svg text{font-family:monospace;font-size:11px} svg a:hover text{fill:#4c72b0}
+.legend button{margin-left:1em;font-size:12px}
+.legend span.only-in-b{background:#fdd;border:1px solid #c00} .legend span.only-in-a{background:#ddf;border:1px solid #33a}
+.legend span.precision{background:#fec;border:1px solid #c70} .legend span.fusion{background:#eef8e6;border:1px solid #4a4}
+.graphs{overflow:auto;max-height:85vh;border:1px solid #ddd;max-width:none}
+.graphs g.node rect{fill:#fff;stroke:#999} .graphs g.node text.l0{font-weight:bold}
+.graphs g.node text.l1,.graphs g.node text.l2{fill:#555;font-size:10px}
+.graphs g.qdq rect{stroke-dasharray:4 2} .graphs g.noop rect{fill:#f6f6f6;stroke:#ccc} .graphs g.noop text{fill:#999}
+.graphs g.reformat rect{fill:#f4f0ff}
+.graphs g.only-in-b rect{fill:#fdd;stroke:#c00;stroke-width:2.5} .graphs g.only-in-a rect{fill:#ddf;stroke:#33a;stroke-width:2.5}
+.graphs g.precision rect{fill:#fec;stroke:#c70;stroke-width:2.5} .graphs g.fusion rect{fill:#eef8e6;stroke:#4a4;stroke-width:2.5}
+.graphs g.block rect{fill:#f0f0f0;stroke:#888} .graphs g.block.has-diff rect{stroke:#c00}
+.graphs g.node:target rect{stroke:#4c72b0;stroke-width:4} .graphs a.badge text{fill:#c00;font-weight:bold}
+.graphs g.edge path{fill:none;stroke:#999} .graphs g.edge path.head{fill:#999;stroke:none}
+.graphs g.edge.int8 path{stroke:#3a3} .graphs g.edge.int8 path.head{fill:#3a3;stroke:none}
+.graphs g.edge.fp16 path{stroke:#d80} .graphs g.edge.fp16 path.head{fill:#d80;stroke:none}
+.graphs g.edge.order path{stroke-dasharray:3 3}
+.graphs g.band rect{fill:#fafafa} .graphs g.band.odd rect{fill:#f1f4f8} .graphs text.region{cursor:pointer}
+.graphs g.band text.region{font-weight:bold;fill:#333} .graphs g.band text.count{fill:#c00}
+.graphs text.side{font-weight:bold;font-size:13px} .graphs g.block{cursor:pointer}
+body.graphs-alone{max-width:none} body.graphs-alone>*:not(.graphs-section){display:none}
+body.graphs-alone .graphs{max-height:none;border:none}
 """
 
 
@@ -75,8 +100,8 @@ class Unit:
 
 def render(comparison: Comparison, mapping: OnnxMapping | None, failed: list[str]) -> str:
     page = _Page(comparison, mapping)
-    sections = [page.header(failed), page.summary(), page.chart() if page.timed else "", page.differences(),
-                page.rules(), page.layers()]
+    sections = [page.header(failed), page.summary(), page.chart() if page.timed else "", page.graphs(),
+                page.differences(), page.rules(), page.layers()]
     return "".join(sections) + "</body></html>\n"
 
 
@@ -104,7 +129,7 @@ class _Page:
             f"{side} ({role}): <code>{escape(str(engine.path))}</code> [TensorRT {escape(engine.version)}]"
             + (f", profile <code>{escape(str(engine.profile_path))}</code>" if engine.profile_path else "")
             for side, role, engine in (("A", "reference", c.a), ("B", "candidate", c.b)))
-        nav = [("summary", "Summary"), ("differences", f"Differences ({len(c.differences)})"), ("rules", "Rules"),
+        nav = [("summary", "Summary"), ("graphs", "Engine graphs"), ("differences", f"Differences ({len(c.differences)})"), ("rules", "Rules"),
                ("layers", "All layers")]
         if self.timed:
             nav.insert(1, ("chart", "Time per layer"))
@@ -141,6 +166,10 @@ class _Page:
             "compute layers of the larger engine).</p>"
             f"<table><tr><th>differences (B against A)</th><th class='num'>count</th></tr>{counts}</table>"
         )
+
+    def graphs(self) -> str:
+        time = (lambda ms: f"{self.unit(ms)} {self.unit.name}") if self.timed else None
+        return engine_graph.section(self.comparison, time)
 
     def chart(self) -> str:
         """Bars of A and B per layer row, the rows with the largest time difference only."""
@@ -184,7 +213,8 @@ class _Page:
                 f"<td class='what'>{escape(diff.message)}</td>"
                 f"<td class='a'>{self._layer(diff.a)}</td><td class='b'>{self._layer(diff.b)}</td>{time}"
                 f"<td class='onnx'>{_onnx(diff)}</td><td class='rule'>{_rule_link(diff.rule)}</td>"
-                f"<td><a href='#pair-{j}'>layer {j}</a></td></tr>")
+                f"<td><a href='#pair-{j}'>layer {j}</a> <a href='#g{'b' if diff.b is not None else 'a'}-{j}'>graph</a>"
+                "</td></tr>")
         return (f"<h2 id='differences'>Differences ({len(c.differences)}), in network order</h2>"
                 f"<p class='muted'>{kinds}.</p><table class='wide'>{head}{''.join(rows)}</table>")
 

@@ -34,7 +34,7 @@ def render_text(
     model: Path, output: Path | None, fixed: FixResult, verification: VerifyResult | None, skipped: str | None,
     fail_on: Severity, verdict: str,
 ) -> str:
-    lines = [_change_line(c) for c in fixed.changes]
+    lines = [change_line(c) for c in fixed.changes]
     if fixed.changes:
         lines.append("By rule: " + ", ".join(f"{code} x{n}" for code, n in fixed.by_rule().items()))
     if not fixed.converged:
@@ -66,6 +66,7 @@ def _why_not_fixed(finding, fixed: FixResult) -> str:
     return "the fix could not resolve it"
 
 
-def _change_line(change) -> str:
+def change_line(change) -> str:
+    """`QDQ401 /Concat [t]: old → new: what was done`; also the HTML fix report's list items."""
     where = " ".join(part for part in (change.node, f"[{change.tensor}]" if change.tensor else "") if part)
     return f"{change.code} {where}: {change.old} → {change.new}: {change.description}"

@@ -24,7 +24,7 @@ def render(run: LintResult | LintReport, *, fail_on: Severity) -> str:
         reformats = sum(result.predicted_reformats() for result in report.results)
         lines.append(f"Predicted: {_plural(reformats, 'conversion layer')} caused by Q/DQ placement "
                      f"(standalone Q/DQ, requantize or reformat layers; rule set '{report.ruleset.name}')")
-    lines.append(_summary(report, fail_on))
+    lines.append(summary_line(report, fail_on))
     return "\n".join(lines) + "\n"
 
 
@@ -40,7 +40,8 @@ def describe(finding: Finding) -> str:
     return f"{where}{finding.message}{fix}"
 
 
-def _summary(report: LintReport, fail_on: Severity) -> str:
+def summary_line(report: LintReport, fail_on: Severity) -> str:
+    """`Found 3 findings (2 errors, 1 warning) in model.onnx with rule set 'trt'` and what fails; also the HTML title."""
     results, findings = report.results, report.findings
     ruleset = report.ruleset.name
     single = str(results[0].model_path) if len(report.models) == 1 and results else None
