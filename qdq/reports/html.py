@@ -15,9 +15,9 @@ from html import escape
 from typing import Any
 
 from qdq.lint import LintReport, LintResult
+from qdq.registry import all_rules
 from qdq.reports import onnx_pictures
 from qdq.reports.text import describe, summary_line
-from qdq.registry import all_rules
 from qdq.rule import Finding, Severity
 
 CSS = """
