@@ -76,26 +76,32 @@ def _section(rule: type[Rule], targets: dict[str, RuleSet]) -> list[str]:
     params = rule.parameters
     if params:
         lines += ["", "Parameters (defaults; a rules file sets them under `[rules." + rule.code + "]`):", ""]
-        lines += [f"- `{key} = {_toml(value)}`" for key, value in params.items()]
-    set_by = {name: {k: v for k, v in ruleset.rules[rule.code].params.items() if params.get(k, object()) != v}
-              for name, ruleset in targets.items() if rule.code in ruleset.rules and ruleset.rules[rule.code].enabled}
-    changed = {name: values for name, values in set_by.items() if values}
+        lines += [f"- `{key} = {toml_value(value)}`" for key, value in params.items()]
+    changed = shipped_settings(rule, targets)
     if changed:
         lines += ["", "Set by the shipped rule sets:", ""]
-        lines += [f"- {name}: " + ", ".join(f"`{k} = {_toml(v)}`" for k, v in values.items()) for name, values in changed.items()]
+        lines += [f"- {name}: " + ", ".join(f"`{k} = {toml_value(v)}`" for k, v in values.items())
+                  for name, values in changed.items()]
     return lines
 
 
-def _toml(value: object) -> str:
+def shipped_settings(rule: type[Rule], targets: dict[str, RuleSet]) -> dict[str, dict[str, object]]:
+    """The parameters each shipped rule set running the rule sets to something other than the default."""
+    set_by = {name: {k: v for k, v in ruleset.rules[rule.code].params.items() if rule.parameters.get(k, object()) != v}
+              for name, ruleset in targets.items() if rule.code in ruleset.rules and ruleset.rules[rule.code].enabled}
+    return {name: values for name, values in set_by.items() if values}
+
+
+def toml_value(value: object) -> str:
     """A parameter value as a rules file writes it."""
     if isinstance(value, bool):
         return "true" if value else "false"
     if isinstance(value, str):
         return json.dumps(value, ensure_ascii=False)
     if isinstance(value, (list, tuple)):
-        return "[" + ", ".join(_toml(v) for v in value) + "]"
+        return "[" + ", ".join(toml_value(v) for v in value) + "]"
     if isinstance(value, dict):
-        return "{ " + ", ".join(f"{k} = {_toml(v)}" for k, v in value.items()) + " }"
+        return "{ " + ", ".join(f"{k} = {toml_value(v)}" for k, v in value.items()) + " }"
     return str(value)
 
 

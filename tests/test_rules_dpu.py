@@ -3,7 +3,8 @@ graphs, parameters overridden from a rules file, the QDQ701 fix run in onnxrunti
 average-pool factor table.
 
 The rules are not in `common`; each test lints with a rules file that extends it and turns them
-on. The linter only runs rules on models with Q/DQ, so every graph has a Q/DQ pair.
+on with the DPU's constants from rules/npu.toml (where they live; the rules' own defaults are
+placeholders). The linter only runs rules on models with Q/DQ, so every graph has a Q/DQ pair.
 """
 from __future__ import annotations
 
@@ -18,16 +19,41 @@ from conftest import apply_fix, run_ort
 from onnx import TensorProto, helper
 
 import cli
-from qdq.checks.dpu import DPU_AVGPOOL_TABLE, dpu_avgpool_factor, dpu_avgpool_multiplier
+from qdq.checks import dpu
 from qdq.errors import RuleSetError
 from qdq.lint import lint
 from qdq.model import Model, load_model, save_model
 from qdq.registry import all_rules
 from qdq.rule import Finding, FixSafety, Severity
-from qdq.ruleset import RuleSet, load_rules_file
+from qdq.ruleset import RuleSet, load_rules_file, load_target
 
 DPU_CODES = ["QDQ701", "QDQ702", "QDQ703"]
 HSIG_FACTOR = 1.0001220703125
+NPU = {code: load_target("npu").rules[code].params for code in DPU_CODES}
+# AMD's fixed average-pool multipliers: [area, k, n] for 3×3, 5×5, 6×6, 7×7 and 14×14.
+AMD_TABLE = [[9, 7, 6], [25, 10, 8], [36, 7, 8], [49, 21, 10], [196, 21, 12]]
+
+
+def dpu_avgpool_multiplier(area: int, search_bits: int = 7, table=None) -> tuple[int, int]:
+    return dpu.dpu_avgpool_multiplier(area, search_bits, table=AMD_TABLE if table is None else table)
+
+
+def dpu_avgpool_factor(area: int, search_bits: int = 7, table=None) -> float:
+    return dpu.dpu_avgpool_factor(area, search_bits, table=AMD_TABLE if table is None else table)
+
+
+def _toml(value) -> str:
+    return ("true" if value else "false") if isinstance(value, bool) else json.dumps(value)
+
+
+def dpu_tables(code: str = "", params: str = "") -> str:
+    """[rules.QDQ70x] tables with rules/npu.toml's DPU constants, `params` (TOML lines) overriding `code`'s."""
+    tables = ""
+    for c in DPU_CODES:
+        overridden = {line.split("=")[0].strip() for line in params.splitlines() if "=" in line} if c == code else set()
+        lines = "".join(f"{k} = {_toml(v)}\n" for k, v in NPU[c].items() if k not in overridden)
+        tables += f"[rules.{c}]\n{lines}" + (params if c == code else "")
+    return tables
 
 
 # --- building blocks ------------------------------------------------------------------------------
@@ -36,15 +62,14 @@ HSIG_FACTOR = 1.0001220703125
 def dpu_rules(tmp_path: Path, extra: str = "") -> RuleSet:
     """`common` plus the DPU rules; `extra` is appended (parameter overrides)."""
     path = tmp_path / "dpu.toml"
-    path.write_text('extends = "common"\n[rules.QDQ701]\n[rules.QDQ702]\n[rules.QDQ703]\n' + extra)
+    path.write_text('extends = "common"\n' + dpu_tables() + extra)
     return load_rules_file(path)
 
 
 def dpu_rules_with(tmp_path: Path, code: str, params: str) -> RuleSet:
     """`common` plus the DPU rules, with `params` (TOML lines) under [rules.code]."""
-    tables = "".join(f"[rules.{c}]\n" + (params if c == code else "") for c in DPU_CODES)
     path = tmp_path / "dpu.toml"
-    path.write_text('extends = "common"\n' + tables)
+    path.write_text('extends = "common"\n' + dpu_tables(code, params))
     return load_rules_file(path)
 
 
@@ -455,7 +480,18 @@ def test_dpu_rules_metadata():
         ("hard-sigmoid-dpu", Severity.INFO, None),
         ("avgpool-dpu-multiplier", Severity.WARNING, None),
     ]
-    assert registry["QDQ703"].parameters["table"] == DPU_AVGPOOL_TABLE
+    # The DPU's constants live in rules/npu.toml; the rules' defaults are placeholders.
+    assert NPU["QDQ703"]["table"] == AMD_TABLE and registry["QDQ703"].parameters["table"] == []
+    assert NPU["QDQ701"]["slope_denominator"] == 256 and NPU["QDQ702"]["dpu_factor"] == HSIG_FACTOR
+
+
+def test_a_dpu_rule_without_its_constants_says_where_they_come_from(tmp_path):
+    path = tmp_path / "bare.toml"
+    path.write_text('extends = "common"\n[rules.QDQ702]\n')
+    b = GraphBuilder()
+    b.output(b.node("Sigmoid", [qdq_input(b, [1, 2])], name="sig"), [1, 2])
+    with pytest.raises(RuleSetError, match="QDQ702.alpha must be a positive number.*rules/npu.toml"):
+        lint(load(b, tmp_path), load_rules_file(path))
 
 
 def test_one_model_with_all_three_through_the_command_line(tmp_path, capsys):
@@ -466,7 +502,7 @@ def test_one_model_with_all_three_through_the_command_line(tmp_path, capsys):
     b.output(b.node("GlobalAveragePool", [h], name="gap"), [1, 2, 1, 1])
     path = b.save(tmp_path / "m.onnx")
     rules = tmp_path / "dpu.toml"
-    rules.write_text('extends = "common"\n[rules.QDQ701]\n[rules.QDQ702]\n[rules.QDQ703]\n')
+    rules.write_text('extends = "common"\n' + dpu_tables())
     code = cli.main(["lint", str(path), "--rules", str(rules), "--format", "json", "--isolated"])
     data = json.loads(capsys.readouterr().out)
     assert code == 1

@@ -5,7 +5,8 @@ rounded to a multiple of 1/256, Sigmoid as HardSigmoid, HardSigmoid with 2731/16
 and average pooling with a dyadic multiplier instead of 1/(kh·kw). AMD's quantizers (Quark ONNX
 `SimulateDPU`, vai_q, pytorch_nndct) rewrite the float graph so that it computes what the DPU
 computes; a model that skipped that step is evaluated on CPU with numbers the NPU will not produce.
-None of these rules needs Q/DQ to apply; every target constant is a rule parameter.
+None of these rules needs Q/DQ to apply; every DPU constant is a rule parameter whose value is in
+rules/npu.toml (the defaults here are placeholders that a rule set must replace).
 """
 
 from __future__ import annotations
@@ -21,21 +22,13 @@ from qdq.errors import RuleSetError
 from qdq.quant_index import resolve_constant, source_values
 from qdq.rule import Change, CheckContext, Finding, FixSafety, Rule, Severity, register
 
-# The kernel areas for which AMD's flows use a fixed multiplier k/2^n instead of the search
-# (vai_q_tensorflow2 `_get_avgpool_scale`, Quark ONNX `simulate_dpu`, pytorch_nndct
-# `get_avgpool_dpu_coeff`): rows of [area, k, n]. Areas 9, 25, 36, 49 and 196 are the square
-# kernels 3×3, 5×5, 6×6, 7×7 and 14×14.
-DPU_AVGPOOL_TABLE: list[list[int]] = [[9, 7, 6], [25, 10, 8], [36, 7, 8], [49, 21, 10], [196, 21, 12]]
-
 # How close a Mul's constant must be to the factor to count as the DPU rescale.
 _MUL_RTOL = 1e-9
 # How close a HardSigmoid's alpha and beta must be to the DPU's (Quark's check_hard_sigmoid_condition).
 _HSIG_ATOL = 1e-6
 
 
-def dpu_avgpool_multiplier(
-    area: int, search_bits: int = 7, *, table: Sequence[Sequence[int]] = DPU_AVGPOOL_TABLE
-) -> tuple[int, int]:
+def dpu_avgpool_multiplier(area: int, search_bits: int, *, table: Sequence[Sequence[int]]) -> tuple[int, int]:
     """The (k, n) with which the DPU approximates 1/area as k/2^n.
 
     An area listed in `table` uses its fixed (k, n). Otherwise, for n in range(0, search_bits +
@@ -62,12 +55,13 @@ def dpu_avgpool_multiplier(
     return best[1], best[2]
 
 
-def dpu_avgpool_factor(area: int, search_bits: int = 7, *, table: Sequence[Sequence[int]] = DPU_AVGPOOL_TABLE) -> float:
+def dpu_avgpool_factor(area: int, search_bits: int, *, table: Sequence[Sequence[int]]) -> float:
     """What the float mean must be multiplied by to give the DPU's mean: area·k/2^n.
 
     3×3 → 0.984375, 5×5 → 0.9765625, 6×6 → 0.984375, 7×7 and 14×14 → 1.0048828125, and exactly 1.0
-    for a power-of-two area. The first three come from the fixed table; the plain search would
-    give 1.001953125, 1.0009765625 and 1.001953125 there (see `dpu_avgpool_multiplier`).
+    for a power-of-two area, with rules/npu.toml's table and 7 search bits. The first three come
+    from the fixed table; the plain search would give 1.001953125, 1.0009765625 and 1.001953125
+    there (see `dpu_avgpool_multiplier`).
     """
     k, n = dpu_avgpool_multiplier(area, search_bits, table=table)
     return area * k / 2**n
@@ -93,7 +87,7 @@ class LeakyReluSlope(Rule):
     message = "LeakyRelu {node} has alpha {alpha:.8g}; the DPU computes it with slope {dpu_alpha:.10g} ({slope})"
     severity = Severity.WARNING
     fix_safety = FixSafety.APPROXIMATE
-    parameters = {"slope_denominator": 256}
+    parameters = {"slope_denominator": 0}  # rules/npu.toml: 256
 
     def check(self, ctx: CheckContext) -> Iterable[Finding]:
         denominator = _positive_int(ctx, self.code, "slope_denominator")
@@ -143,11 +137,11 @@ class HardSigmoidDpu(Rule):
     name = "hard-sigmoid-dpu"
     message = "{op} {node}: the DPU computes {dpu} instead of {float_model}{detail}"
     severity = Severity.INFO
-    parameters = {"alpha": 1 / 6, "beta": 0.5, "dpu_factor": 1.0001220703125, "sigmoid_replaced": True}
+    parameters = {"alpha": 0.0, "beta": 0.0, "dpu_factor": 0.0, "sigmoid_replaced": False}  # rules/npu.toml
 
     def check(self, ctx: CheckContext) -> Iterable[Finding]:
-        alpha, beta = float(ctx.params["alpha"]), float(ctx.params["beta"])
-        factor = float(ctx.params["dpu_factor"])
+        alpha, beta = _positive_float(ctx, self.code, "alpha"), float(ctx.params["beta"])
+        factor = _positive_float(ctx, self.code, "dpu_factor")
         slope = Fraction(alpha * factor).limit_denominator(1 << 20)
         dpu = f"x·{slope.numerator}/{slope.denominator} + {beta:g}"
         for node in ctx.graph.nodes:
@@ -214,9 +208,9 @@ class AvgPoolDpuMultiplier(Rule):
     severity = Severity.WARNING
     parameters = {
         "ops": ["AveragePool", "GlobalAveragePool"],
-        "search_bits": 7,
-        "max_kernel": 255,
-        "table": DPU_AVGPOOL_TABLE,
+        "search_bits": 0,  # rules/npu.toml: 7, 255 and AMD's fixed multipliers
+        "max_kernel": 0,
+        "table": [],
     }
 
     def check(self, ctx: CheckContext) -> Iterable[Finding]:
@@ -332,7 +326,14 @@ def _rescaled_by(ctx: CheckContext, tensor: gs.Tensor, factor: float) -> bool:
 def _positive_int(ctx: CheckContext, code: str, key: str) -> int:
     value = ctx.params[key]
     if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
-        raise RuleSetError(f"{code}.{key} must be a positive integer, got {value!r}")
+        raise RuleSetError(f"{code}.{key} must be a positive integer, got {value!r} (rules/npu.toml sets the DPU's)")
+    return value
+
+
+def _positive_float(ctx: CheckContext, code: str, key: str) -> float:
+    value = float(ctx.params[key])
+    if not np.isfinite(value) or value <= 0:
+        raise RuleSetError(f"{code}.{key} must be a positive number, got {value!r} (rules/npu.toml sets the DPU's)")
     return value
 
 

@@ -6,6 +6,8 @@ import argparse
 
 from qdq.commands.args import UsageError, add_logging_args
 from qdq.registry import all_rules
+from qdq.rule_docs import shipped_settings, toml_value
+from qdq.ruleset import builtin_targets, load_target
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
@@ -28,7 +30,12 @@ def run(args: argparse.Namespace) -> int:
     print(rule.doc())
     if rule.parameters:
         print()
-        print("Parameters (set them in a rules file under [rules.%s]):" % rule.code)
+        print("Parameters (defaults; set them in a rules file under [rules.%s]):" % rule.code)
         for key, value in rule.parameters.items():
-            print(f"  {key} = {value!r}")
+            print(f"  {key} = {toml_value(value)}")
+        shipped = shipped_settings(rule, {name: load_target(name) for name in builtin_targets()})
+        if shipped:
+            print("Set by the shipped rule sets:")
+            for name, values in shipped.items():
+                print(f"  {name}: " + ", ".join(f"{k} = {toml_value(v)}" for k, v in values.items()))
     return 0
