@@ -13,10 +13,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from qdq.engine.layers import FLOAT, LOW_BIT, Engine, Layer
+from qdq.ruleset import load_target
 
 CONV_KINDS = frozenset({"Convolution", "ConvActPool", "Deconvolution", "FullyConnected", "MatrixMultiply", "Gemm", "gemm"})
-COMMUTING_OPS = frozenset({"MaxPool", "GlobalMaxPool", "Transpose", "Reshape", "Flatten", "Squeeze", "Unsqueeze",
-                           "Slice", "Pad", "Resize", "Split", "Gather", "Shuffle"})
+# The ONNX ops Q/DQ move through, as the rule that fixes a requantize around them (QDQ402) lists
+# them in rules/trt.toml: a layer is only blamed on QDQ402 where QDQ402 would check its op.
+COMMUTING_OPS = frozenset(load_target("trt").rules["QDQ402"].params["ops"])
 COMMUTING_KINDS = frozenset({"Shuffle", "Slice", "Padding", "Resize"})
 
 RULES = {
