@@ -18,6 +18,7 @@ from onnx import helper
 from qdq.dtypes import quant_type
 from qdq.quant_index import DEQUANTIZE, QDQ_DOMAINS, QUANTIZE
 from qdq.requantize import describe
+from qdq.rounding import RoundingCost, along, quantize
 from qdq.rule import Change, CheckContext
 
 
@@ -114,16 +115,13 @@ def quantized_weight(ctx: CheckContext, consumer: gs.Node, slot: int, axis: int,
     others = tuple(i for i in range(values.ndim) if i != axis)
     amax = np.max(np.abs(values), axis=others) if others else np.abs(values)
     scale = np.where(amax > 0, amax / 127.0, 1.0).astype(scale_type)
-    shape = [1] * values.ndim
-    shape[axis] = scale.size
-    q = np.clip(np.rint(values / scale.reshape(shape)), -127, 127)
-    back = q * scale.reshape(shape)
-    noise, signal = float(np.sum((values - back) ** 2)), float(np.sum(values**2))
+    broadcast = along(scale, values.ndim, axis)
+    q, unclipped = quantize(values, broadcast, 0.0, -127, 127)
+    cost = RoundingCost.of(values, q, unclipped, broadcast, 0.0).values()
     read_dequantized(ctx, consumer, slot, q.astype(np.int8), scale, axis)
-    sqnr = round(10 * np.log10(signal / noise), 2) if noise > 0 and signal > 0 else float("inf")
+    sqnr = cost.setdefault("sqnr_db", float("inf"))
     return Change(code, consumer.name, weight.name, "float", f"int8 per-channel (axis {axis})",
-                  f"weight quantized from its own values, max-abs per output channel (SQNR {sqnr} dB)",
-                  {"elements": int(values.size), "sqnr_db": sqnr})
+                  f"weight quantized from its own values, max-abs per output channel (SQNR {sqnr} dB)", cost)
 
 
 def read_dequantized(ctx: CheckContext, consumer: gs.Node, slot: int, integers: np.ndarray, scale: np.ndarray,

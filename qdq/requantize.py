@@ -29,6 +29,7 @@ from onnx import helper
 from qdq import pow2
 from qdq.dtypes import QuantType, quant_type
 from qdq.quant_index import QParams, QTensor, resolve_constant, source_values
+from qdq.rounding import RoundingCost, along, cost_sentence, quantize
 from qdq.rule import Change, CheckContext
 
 # Values per block when re-quantizing a weight: bounds the float64 temporaries (~40 bytes a value).
@@ -99,7 +100,7 @@ def set_params(
         ctx.index.refresh(node)
     values.update(_pos_shift(old_scale, new_scale))
     return [Change(code, qt.nodes[0].name, name, describe(old_scale, old_zp), describe(new_scale, new_zp),
-                   _sentence(reason, values), values)]
+                   cost_sentence(reason, values), values)]
 
 
 def why_type_is_fixed(ctx: CheckContext, qt: QTensor) -> str | None:
@@ -145,10 +146,10 @@ def _requantize_stored(
 
     def real(rows: slice) -> np.ndarray:
         block = old_q[rows].astype(np.float64)
-        zero_point, old_scale = (_along(v, old_q.ndim, params.axis, rows) for v in (params.zero_point, params.scale))
+        zero_point, old_scale = (along(v, old_q.ndim, params.axis, rows) for v in (params.zero_point, params.scale))
         return (block - zero_point) * old_scale
 
-    new_q, values = _quantize(real, old_q.shape, scale, zp, axis, quant_type(elem_type), _np_type(elem_type))
+    new_q, values = quantize_blocks(real, old_q.shape, scale, zp, axis, quant_type(elem_type), _np_type(elem_type))
     name = ctx.value_name(qt)
     constant = ctx.model.new_constant(ctx.new_name(f"{name}_requantized", replacing=qt.integer.name), new_q)
     for node in qt.dequantizes:
@@ -175,7 +176,7 @@ def _pin_float_constant(
     def real(rows: slice) -> np.ndarray:
         return weights[rows].astype(np.float64)
 
-    return _quantize(real, weights.shape, scale, zp, axis, quant_type(elem_type), None)[1]
+    return quantize_blocks(real, weights.shape, scale, zp, axis, quant_type(elem_type), None)[1]
 
 
 def effective_values(ctx: CheckContext, qt: QTensor) -> np.ndarray | None:
@@ -199,7 +200,7 @@ def effective_values(ctx: CheckContext, qt: QTensor) -> np.ndarray | None:
         weights = source_values(ctx.model, source)
         out = np.empty_like(weights)
     for rows in _row_blocks(out.shape):
-        s, z = (_along(v, out.ndim, params.axis, rows) for v in (params.scale, params.zero_point))
+        s, z = (along(v, out.ndim, params.axis, rows) for v in (params.scale, params.zero_point))
         if qt.stored:
             q = integers[rows].astype(np.float64)
         else:  # divided in the weight's own type, as QuantizeLinear does
@@ -219,36 +220,26 @@ def _same_grid(params: QParams, scale: np.ndarray, zp: np.ndarray, axis: int, el
     )
 
 
-def _quantize(
+def quantize_blocks(
     real: Callable[[slice], np.ndarray], shape: tuple[int, ...], scale: np.ndarray, zp: np.ndarray, axis: int,
     qtype: QuantType, dtype: np.dtype | None,
 ) -> tuple[np.ndarray | None, dict]:
-    """QuantizeLinear's arithmetic (round half to even, then clip) and its cost on these values.
+    """QuantizeLinear's arithmetic and its cost on a tensor given block by block.
 
     `real(rows)` gives the float values of a block of rows (along the first axis). Blocks keep the
     float64 temporaries of a multi-GB weight to a few hundred MB. The integers come back in
     `dtype`; with None only the cost is measured and no integers are kept.
     """
-    ndim = len(shape)
     q = np.empty(shape, dtype=dtype) if dtype is not None else None
-    noise = signal = 0.0
-    saturated = rounded_to_zero = 0
+    cost = RoundingCost()
     for rows in _row_blocks(shape):
         block = real(rows)
-        s, z = _along(scale, ndim, axis, rows), _along(zp, ndim, axis, rows)
-        unclipped = np.rint(block / s) + z
-        clipped = np.clip(unclipped, qtype.qmin, qtype.qmax)
-        back = (clipped - z) * s
-        noise += float(np.sum((block - back) ** 2))
-        signal += float(np.sum(block**2))
-        saturated += int(np.count_nonzero(clipped != unclipped))
-        rounded_to_zero += int(np.count_nonzero((clipped == z) & (block != 0)))
+        s, z = along(scale, len(shape), axis, rows), along(zp, len(shape), axis, rows)
+        clipped, unclipped = quantize(block, s, z, qtype.qmin, qtype.qmax)
+        cost += RoundingCost.of(block, clipped, unclipped, s, z)
         if q is not None:
             q[rows] = clipped
-    values = {"elements": math.prod(shape), "saturated": saturated, "rounded_to_zero": rounded_to_zero}
-    if signal > 0:
-        values["sqnr_db"] = round(10 * math.log10(signal / noise), 2) if noise > 0 else math.inf
-    return q, values
+    return q, cost.values()
 
 
 def _pos_shift(old: np.ndarray, new: np.ndarray) -> dict:
@@ -256,19 +247,6 @@ def _pos_shift(old: np.ndarray, new: np.ndarray) -> dict:
     if old.size == 1 and new.size == 1 and pow2.is_pow2(float(old.ravel()[0])) and pow2.is_pow2(float(new.ravel()[0])):
         return {"bits_lost": pow2.int_pos(float(old.ravel()[0])) - pow2.int_pos(float(new.ravel()[0]))}
     return {}
-
-
-def _sentence(reason: str, values: dict) -> str:
-    notes = []
-    if values.get("bits_lost", 0) > 0:
-        notes.append(f"{values['bits_lost']} bit(s) of precision lost")
-    if values.get("saturated"):
-        notes.append(f"{values['saturated']} of {values['elements']} values saturate")
-    if values.get("rounded_to_zero"):
-        notes.append(f"{values['rounded_to_zero']} of {values['elements']} values round to zero")
-    if "sqnr_db" in values and values.get("elements"):
-        notes.append(f"SQNR {values['sqnr_db']} dB")
-    return reason + (f" ({'; '.join(notes)})" if notes else "")
 
 
 def _new_zero_point(old: np.ndarray, scale: np.ndarray, given: float | np.ndarray | None) -> np.ndarray:
@@ -280,20 +258,6 @@ def _new_zero_point(old: np.ndarray, scale: np.ndarray, given: float | np.ndarra
     if uniform.size > 1:
         raise ValueError("per-axis zero-points cannot follow a per-tensor scale")
     return np.full(scale.shape, uniform[0] if uniform.size else 0.0)
-
-
-def _along(values: np.ndarray, ndim: int, axis: int, rows: slice = slice(None)) -> np.ndarray:
-    """Broadcast per-axis parameters over a tensor of rank `ndim` (scalars pass through).
-
-    With `rows`, over that block of rows of the tensor (which matters only when `axis` is 0).
-    """
-    values = np.asarray(values, dtype=np.float64)
-    if values.size <= 1:
-        return values.reshape(())
-    shape = [1] * ndim
-    axis = axis if axis >= 0 else axis + ndim
-    shape[axis] = values.size
-    return values.reshape(shape)[rows] if axis == 0 else values.reshape(shape)
 
 
 def _row_blocks(shape: tuple[int, ...]) -> Iterator[slice]:

@@ -11,7 +11,6 @@ the weight's shape; weights are read by the fix alone.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from typing import Iterable
 
@@ -21,6 +20,7 @@ from onnx import helper
 
 from qdq.operands import BIAS_INPUT, WEIGHT_INPUT, input_value
 from qdq.quant_index import PER_TENSOR, ConstantSource, QParams, QTensor, resolve_constant, source_values
+from qdq.rounding import RoundingCost, along, quantize
 from qdq.rule import Change, CheckContext, Finding, FixSafety, Rule, Severity, register
 
 _CONSTANT_STEPS = ("Mul", "Div", "Add", "Sub")
@@ -289,7 +289,7 @@ def _bias(ctx: CheckContext, node: gs.Node, layout: _Layout) -> tuple[np.ndarray
     if source is None or params.dynamic or params.block_size:
         return None, None
     ints = source_values(ctx.model, source).astype(np.float64)
-    real = (ints - _along(params.zero_point, ints.ndim, params.axis)) * _along(params.scale, ints.ndim, params.axis)
+    real = (ints - along(params.zero_point, ints.ndim, params.axis)) * along(params.scale, ints.ndim, params.axis)
     per_channel = _bias_per_channel(real, node, layout)
     return (beta * per_channel if per_channel is not None else None), value
 
@@ -335,8 +335,9 @@ def _fold_weight(ctx: CheckContext, chain: _Chain) -> tuple[np.ndarray, dict]:
     values = source_values(ctx.model, source)
     shape = values.shape
     axis = None if params.scale.size == 1 else params.axis % len(shape)
-    scale, zero_point = _along(params.scale, len(shape), axis), _along(params.zero_point, len(shape), axis)
-    old_ints = values.astype(np.float64) if weight.stored else _quantize(values, scale, zero_point, params)[0]
+    scale, zero_point = along(params.scale, len(shape), axis), along(params.zero_point, len(shape), axis)
+    qmin, qmax = params.qtype.qmin, params.qtype.qmax
+    old_ints = values.astype(np.float64) if weight.stored else quantize(values, scale, zero_point, qmin, qmax)[0]
     factor = np.broadcast_to(_over_weight(chain.layout, chain.k, shape), shape)
     ideal = factor * (old_ints - zero_point) * scale
     by_slice = _slices(factor, axis)
@@ -344,23 +345,24 @@ def _fold_weight(ctx: CheckContext, chain: _Chain) -> tuple[np.ndarray, dict]:
         new_scale, mode = params.scale * np.abs(by_slice[:, 0]).reshape(params.scale.shape), "scales multiplied"
     else:
         new_scale, mode = _covering_scale(ideal, axis, params).reshape(params.scale.shape), "re-quantized"
-    scale_b = _along(new_scale, len(shape), axis)
+    scale_b = along(new_scale, len(shape), axis)
     name = ctx.value_name(weight)
     if weight.stored:
-        new_ints, unclipped = _quantize(ideal, scale_b, zero_point, params)
+        new_ints, unclipped = quantize(ideal, scale_b, zero_point, qmin, qmax)
         new_name = ctx.new_name(f"{name}_folded", replacing=weight.integer.name)
         ints = ctx.model.new_constant(new_name, new_ints.astype(values.dtype))
         for dq in weight.dequantizes:
             dq.inputs[0] = ints
     else:
         folded = (factor * values.astype(np.float64)).astype(values.dtype)
-        new_ints, unclipped = _quantize(folded, scale_b, zero_point, params)
+        new_ints, unclipped = quantize(folded, scale_b, zero_point, qmin, qmax)
         weight.quantize.inputs[0] = ctx.model.new_constant(ctx.new_name(f"{name}_folded"), folded)
     scale_type = _np_type(params.scale_source.elem_type)
     scale_constant = gs.Constant(ctx.new_name(f"{name}_scale"), np.asarray(new_scale, scale_type))
     for q_or_dq in weight.nodes:
         q_or_dq.inputs[1] = scale_constant
-    return new_scale, {"weight": mode, **_cost(ideal, new_ints, unclipped, scale_b, zero_point)}
+    cost = RoundingCost.of(ideal, new_ints, unclipped, scale_b, zero_point).values()
+    return new_scale, {"weight": mode, **cost}
 
 
 def _fold_bias(ctx: CheckContext, chain: _Chain, weight_scale: np.ndarray) -> dict:
@@ -379,7 +381,7 @@ def _fold_bias(ctx: CheckContext, chain: _Chain, weight_scale: np.ndarray) -> di
         scale = (np.float32(chain.input_scale) * per_channel.astype(np.float32)).astype(np.float64)
         scale = scale.reshape(()) if scale.size == 1 else scale
         zero_point = np.zeros_like(scale)
-        ints, unclipped = _quantize(real, scale, zero_point, bias_params)
+        ints, unclipped = quantize(real, scale, zero_point, bias_params.qtype.qmin, bias_params.qtype.qmax)
         values["bias_saturated"] = int(np.count_nonzero(ints != unclipped))
         int_type, float_type = _np_type(bias_params.elem_type), _np_type(bias_params.scale_source.elem_type)
         inputs = [
@@ -440,39 +442,6 @@ def _covering_scale(ideal: np.ndarray, axis: int | None, params: QParams) -> np.
         if max(needed) > 0:
             scales[i] = max(needed)
     return scales
-
-
-def _quantize(
-    values: np.ndarray, scale: np.ndarray, zero_point: np.ndarray, params: QParams
-) -> tuple[np.ndarray, np.ndarray]:
-    """QuantizeLinear's arithmetic (round half to even, then clip): the integers, and before clipping."""
-    unclipped = np.rint(values.astype(np.float64) / scale) + zero_point
-    return np.clip(unclipped, params.qtype.qmin, params.qtype.qmax), unclipped
-
-
-def _cost(
-    ideal: np.ndarray, ints: np.ndarray, unclipped: np.ndarray, scale: np.ndarray, zero_point: np.ndarray
-) -> dict:
-    """How far the new weight is from k·W: values saturated, rounded to zero, and the SQNR."""
-    noise = float(np.sum((ideal - (ints - zero_point) * scale) ** 2))
-    signal = float(np.sum(ideal**2))
-    values = {
-        "saturated": int(np.count_nonzero(ints != unclipped)),
-        "rounded_to_zero": int(np.count_nonzero((ints == zero_point) & (ideal != 0))),
-    }
-    if signal > 0:
-        values["sqnr_db"] = round(10 * math.log10(signal / noise), 2) if noise > 0 else math.inf
-    return values
-
-
-def _along(values: np.ndarray, ndim: int, axis: int | None) -> np.ndarray:
-    """Per-axis parameters shaped to broadcast over a tensor of rank `ndim` (scalars pass through)."""
-    values = np.asarray(values, dtype=np.float64)
-    if values.size <= 1:
-        return values.reshape(())
-    shape = [1] * ndim
-    shape[axis % ndim] = values.size
-    return values.reshape(shape)
 
 
 def _np_type(onnx_type: int) -> np.dtype:

@@ -20,7 +20,8 @@ from qdq.dtypes import quant_type, type_name
 from qdq.insertion import float_type, read_dequantized
 from qdq.operands import BIAS_INPUT, WEIGHT_INPUT, input_value
 from qdq.quant_index import PER_TENSOR, QuantIndex, QTensor, resolve_constant, source_values
-from qdq.requantize import _quantize, _sentence, describe, set_params
+from qdq.requantize import describe, quantize_blocks, set_params
+from qdq.rounding import cost_sentence
 from qdq.rule import Change, CheckContext, Finding, FixSafety, Rule, Severity, register
 
 
@@ -168,12 +169,12 @@ class FloatBias(Rule):
         slot = BIAS_INPUT[node.op]
         bias = node.inputs[slot]
         int32 = quant_type(onnx.TensorProto.INT32)
-        integers, cost = _quantize(lambda rows: values[rows], values.shape, scale, np.zeros(scale.shape), 0, int32,
-                                   np.dtype(np.int32))
+        integers, cost = quantize_blocks(lambda rows: values[rows], values.shape, scale, np.zeros(scale.shape), 0,
+                                         int32, np.dtype(np.int32))
         stored = scale.astype(float_type(bias))
         read_dequantized(ctx, node, slot, integers, stored if stored.size > 1 else stored.reshape(()), 0)
         return [Change(self.code, node.name, bias.name, "float", f"int32 at {describe(scale, np.zeros(1))}",
-                       _sentence(f"{node.name}: bias quantized at input × weight scale", cost), cost)]
+                       cost_sentence(f"{node.name}: bias quantized at input × weight scale", cost), cost)]
 
 
 def _float_bias(ctx: CheckContext, node: gs.Node) -> tuple[np.ndarray, np.ndarray] | None:
