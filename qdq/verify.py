@@ -137,7 +137,9 @@ def make_inputs(
 
     Dynamic dimensions become 1 unless `shapes` gives the input's shape. A float input that a
     QuantizeLinear reads is sampled uniformly over the float range that Q represents; other float
-    inputs are standard normal; integer inputs are zeros and bool inputs False. `range_from` is a
+    inputs are standard normal. An integer input that indexes a Gather of a constant table (token
+    ids) is uniform over the table's rows; other integer inputs are zeros and bool inputs False
+    (random bits in a mask or a shape would change what the model computes). `range_from` is a
     second model to take that Q range from when this model's input has no Q (a float reference
     compared with its quantized candidate). An input of another type, without a shape, or too
     large raises `UnfeedableInput`.
@@ -172,9 +174,27 @@ def make_inputs(
             else:
                 log.debug("input %r: standard normal", value.name)
                 feeds[value.name] = rng.standard_normal(shape).astype(dtype)
+        elif (rows := _index_rows(graph, value.name)) and elem_type != TensorProto.BOOL:
+            log.debug("input %r: uniform over the %d rows of the table it indexes", value.name, rows)
+            feeds[value.name] = rng.integers(0, rows, size=shape).astype(dtype)
         else:
             feeds[value.name] = np.zeros(shape, dtype=dtype)
     return feeds
+
+
+def _index_rows(graph: onnx.GraphProto, name: str) -> int:
+    """The fewest rows of the constant tables that `name` indexes through a Gather (0 if none)."""
+    shapes = {t.name: list(t.dims) for t in graph.initializer}
+    shapes |= {n.output[0]: list(a.t.dims) for n in graph.node if n.op_type == "Constant"
+               for a in n.attribute if a.name == "value"}
+    rows = []
+    for node in graph.node:
+        if node.op_type == "Gather" and len(node.input) == 2 and node.input[1] == name and node.input[0] in shapes:
+            axis = next((a.i for a in node.attribute if a.name == "axis"), 0)
+            table = shapes[node.input[0]]
+            if -len(table) <= axis < len(table) and table[axis] > 0:
+                rows.append(table[axis])
+    return min(rows, default=0)
 
 
 def check_input_shapes(model_path: Path, shapes: dict[str, tuple[int, ...]]) -> None:

@@ -351,6 +351,22 @@ def test_make_inputs_is_reproducible(ref):
     assert not np.array_equal(make_inputs(ref, seed=7)["x"], make_inputs(ref, seed=8)["x"])
 
 
+@pytest.mark.parametrize("axis, rows", [(0, 10), (1, 4), (-1, 4)])
+def test_token_ids_cover_the_table_they_index(tmp_path, axis, rows):
+    """Token ids of a transformer are spread over the embedding table, not all 0 (one token repeated
+    says little about a model), and never out of range (the run would fail)."""
+    b = GraphBuilder()
+    ids = b.input("ids", [4, 16], TensorProto.INT64)
+    table = b.init("table", np.arange(40, dtype=np.float32).reshape(10, 4))
+    b.node("Gather", [table, ids], ["y"], axis=axis)
+    b.output("y", [4, 16, 4] if axis == 0 else [10, 4, 16])
+    model = b.save(tmp_path / "m.onnx")
+    feeds = make_inputs(model)
+    assert feeds["ids"].min() >= 0 and feeds["ids"].max() < rows and len(np.unique(feeds["ids"])) == rows
+    assert np.array_equal(make_inputs(model)["ids"], feeds["ids"])  # reproducible
+    assert compare(model, model, feeds).identical
+
+
 def test_make_inputs_types_and_dynamic_shapes(tmp_path):
     b = GraphBuilder()
     b.input("x", ["N", 8])
