@@ -27,12 +27,12 @@ from qdq.quant_index import PER_TENSOR, QuantIndex, resolve_constant
 from qdq.rewrite import replace_uses
 from qdq.rule import Change, CheckContext, Finding, FixSafety, Rule, Severity, register
 
-# What the rules below and QDQ801 read to decide that an op stays float; the defaults exclude
-# nothing by size (rules/trt.toml sets TensorRT's).
+# What the rules below and QDQ801 read to decide that an op stays float; the size defaults (0)
+# exclude nothing (rules/trt.toml sets TensorRT's).
 FLOAT_BY_DESIGN_PARAMETERS = {
     "min_gemm_dim": 0,
-    "fp8_conv_channels_over": 16,
-    "fp8_conv_max_filter": 32,
+    "fp8_conv_channels_over": 0,
+    "fp8_conv_max_filter": 0,
     "weight_only_types": ["int4", "uint4"],
 }
 _GEMMS = ("MatMul", "Gemm")
@@ -89,7 +89,7 @@ def _fp8_conv_exclusion(node: gs.Node, channels_over: int, max_filter: int) -> s
     weight = _shape(node.inputs[1]) if len(node.inputs) > 1 else None
     if weight is None or len(weight) < 3 or not all(isinstance(d, int) for d in weight):
         return None
-    if math.prod(weight[2:]) > max_filter:
+    if max_filter and math.prod(weight[2:]) > max_filter:
         return f"a {'x'.join(map(str, weight[2:]))} filter, larger than FP8 convs take ({max_filter} elements)"
     if min(weight[0], weight[1]) <= channels_over:
         return f"{weight[0]} output and {weight[1]} input channels; FP8 convs need more than {channels_over}"
@@ -109,7 +109,7 @@ def _shape(tensor: gs.Tensor | None) -> tuple | None:
 def _model_precision(index: QuantIndex, weight_only_types: list[str]) -> str:
     """`fp8` when activations are quantized to a float8 type, `weight-only` when nothing but stored
     weights of a weight-only type (INT4) is dequantized, else `int` (INT8 and the rest)."""
-    key = ("precision",)
+    key = ("precision", tuple(weight_only_types))
     if key not in index.memo:
         activations = [p for p in index.all_params() if p.is_quantize and resolve_constant(p.node.inputs[0]) is None]
         if any(type_name(p.elem_type).startswith("float8") for p in activations):
