@@ -291,7 +291,7 @@ def test_qdq507_moves_the_zero_point_and_the_pool_output_with_it(tmp_path):
     (0, np.int8, "Relu", 0.0, True),        # int8 symmetric: -128 is the minimum
     (128, np.uint8, "Clip", 0.0, True),
     (128, np.uint8, "Clip", 0.02, True),    # rounds to step 0 on a 0.05 grid
-    (128, np.uint8, "Clip", 0.5, False),    # a Clip at 0.5 can never be absorbed
+    (128, np.uint8, "Clip", 0.5, True),     # not absorbed, but never below 0.5: zp 0 loses nothing
 ])
 def test_qdq507_when_it_applies(tmp_path, zp, dtype, activation, clip_min, expected):
     model = load(relu_pool(zp, dtype, activation=activation, clip_min=clip_min), tmp_path)
@@ -601,7 +601,8 @@ def saturation_not_shown() -> str | None:
 def test_qdq508_runs_last_in_the_ort_fix_order():
     order = [rule.code for rule, _ in ORT.fix_sequence()]
     assert order.index("QDQ508") > max(order.index("QDQ505"), order.index("QDQ507"), order.index("QDQ804"))
-    assert all_rules()["QDQ508"].fix_safety == FixSafety.EXACT
+    assert order.index("QDQ507") < order.index("QDQ508")  # it reads the zero-points QDQ507 moved
+    assert all_rules()["QDQ508"].fix_safety == FixSafety.APPROXIMATE  # 7-bit by default; "uint8" is exact
 
 
 @pytest.mark.parametrize(("zp", "in_type", "top", "expected"), [
@@ -631,9 +632,9 @@ def test_qdq508_parameters(tmp_path):
 @pytest.mark.parametrize("weight", ["stored", "float"])
 def test_qdq508_stores_the_weight_as_uint8_bit_exact(tmp_path, weight, axis):
     model = load(saturating_conv(weight=weight, axis=axis), tmp_path)
-    [finding] = found(model, "QDQ508")
-    assert finding.fix == FixSafety.EXACT
-    changes, path = fix_rule(model, "QDQ508", tmp_path)
+    uint8 = with_params("QDQ508", tmp_path, 'weights = "uint8"')
+    [finding] = found(model, "QDQ508", uint8)
+    changes, path = fix_rule(model, "QDQ508", tmp_path, uint8)
     assert len(changes) == 1
     inits = initializers(path)
     for node in ["w_dq"] + (["w_q"] if weight == "float" else []):
@@ -652,10 +653,11 @@ def test_qdq508_stores_the_weight_as_uint8_bit_exact(tmp_path, weight, axis):
 
 def test_qdq508_gives_shared_integers_a_new_constant(tmp_path):
     model = load(saturating_conv(shared=True), tmp_path)
-    [finding] = found(model, "QDQ508")  # one value, reported once
+    uint8 = with_params("QDQ508", tmp_path, 'weights = "uint8"')
+    [finding] = found(model, "QDQ508", uint8)  # one value, reported once
     original = model.graph.tensors()["w_int"]
     stored = original.values.copy()
-    changes, path = fix_rule(model, "QDQ508", tmp_path)
+    changes, path = fix_rule(model, "QDQ508", tmp_path, uint8)
     assert original.values.dtype == np.int8 and np.array_equal(original.values, stored)  # never edited in place
     graph = onnx.load(str(path)).graph
     readers = {n.name: n.input[0] for n in graph.node if n.name in ("w_dq", "w2_dq")}
@@ -668,7 +670,7 @@ def test_qdq508_gives_shared_integers_a_new_constant(tmp_path):
 
 def test_qdq508_fixed_conv_fuses_and_does_not_saturate(tmp_path):
     model = load(saturating_conv(), tmp_path)
-    _, path = fix_rule(model, "QDQ508", tmp_path)
+    _, path = fix_rule(model, "QDQ508", tmp_path, with_params("QDQ508", tmp_path, 'weights = "uint8"'))
     assert optimized_ops(path)["QLinearConv"] == 1
     reason = saturation_not_shown()
     if reason:
@@ -679,3 +681,22 @@ def test_qdq508_fixed_conv_fuses_and_does_not_saturate(tmp_path):
     (saturated,), (fixed,) = run_optimized(tmp_path / "model.onnx", feeds), run_optimized(path, feeds)
     assert np.allclose(exact, 3.2)  # 1.27 · 0.01 · (3 · 127 - 128) = 3.21 on the output's 0.1 grid
     assert np.all(np.abs(saturated - exact) > 1.0) and np.array_equal(fixed, exact)
+
+
+@pytest.mark.parametrize("axis", [None, 0])
+@pytest.mark.parametrize("weight", ["stored", "float"])
+def test_qdq508_seven_bit_weights_cannot_saturate(tmp_path, weight, axis):
+    model = load(saturating_conv(weight=weight, axis=axis), tmp_path)
+    [finding] = found(model, "QDQ508")
+    assert finding.fix == FixSafety.APPROXIMATE and "7-bit" in finding.message
+    changes, path = fix_rule(model, "QDQ508", tmp_path)
+    [change] = changes
+    assert "7-bit" in change.description
+    scale, zero_point = node_params(path, "w_dq")
+    assert zero_point.dtype == np.int8 and np.allclose(scale, f32(0.01 if axis is None else [0.01, 0.02]) * 127 / 63)
+    assert found(load_model(path), "QDQ508") == []
+    assert optimized_ops(path)["QLinearConv"] == 1
+    # Inputs of 1.27 are integers 255: every product fits, and the fused kernel agrees with the unfused one.
+    feeds = {"x": np.full((1, 4, 2, 2), 1.27, np.float32)}
+    (unfused,), (fused,) = run_ort(path, feeds), run_optimized(path, feeds)
+    assert np.array_equal(unfused, fused)

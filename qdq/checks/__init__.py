@@ -6,6 +6,7 @@
 - batchnorm: QDQ204, BatchNormalization or constant scaling left between a quantized conv and its Q
 - alignment: QDQ4xx, values that must share one scale (Concat, pools, shape ops)
 - formats: QDQ5xx, the types and scale forms a target accepts (power-of-two, per-tensor, symmetric)
+- lower_bounds: QDQ507, the zero-point of a one-sided activation at its data-free lower bound
 - shifts: QDQ601-605, 607, 608, the NPU's shift limits between fix positions
 - bias: QDQ606, integer bias at input scale × weight scale; QDQ609, a bias the target wants float
 - dpu: QDQ7xx, fixed DPU numerics the float model does not reproduce
@@ -16,6 +17,6 @@
 """
 
 from qdq.checks import (  # noqa: F401
-    alignment, artefacts, batchnorm, bias, dpu, formats, node_units, pairing, placement, qparams, reduced_range, shifts,
-    weight_type,
+    alignment, artefacts, batchnorm, bias, dpu, formats, lower_bounds, node_units, pairing, placement, qparams,
+    reduced_range, shifts, weight_type,
 )
