@@ -299,10 +299,10 @@ def test_qdq507_when_it_applies(tmp_path, zp, dtype, activation, clip_min, expec
 
 
 def test_qdq507_leaves_a_differently_quantized_pool_output_to_qdq402(tmp_path):
-    """The pool output has its own scale: QDQ507 moves the Relu value, QDQ402 aligns, the driver settles."""
+    """The pool output has its own scale: QDQ507 moves both values (a MaxPool of values never below 0 is never
+    below 0), each with its own scale; QDQ402 aligns them, the driver settles."""
     model = load(relu_pool(pool_scale=0.1), tmp_path)
-    [finding] = found(model, "QDQ507")
-    assert finding.tensors == ("r",)
+    assert [f.tensors for f in found(model, "QDQ507")] == [("r",), ("p",)]
     result = fix(model, ORT)
     assert result.converged and not [f for f in result.result.findings if f.code in ("QDQ402", "QDQ507")]
     path = tmp_path / "fixed.onnx"
@@ -314,8 +314,9 @@ def test_qdq507_leaves_a_differently_quantized_pool_output_to_qdq402(tmp_path):
 
 def test_qdq507_through_parameter(tmp_path):
     model = load(relu_pool(), tmp_path)
-    [finding] = found(model, "QDQ507", with_params("QDQ507", tmp_path, "through = []"))
-    assert finding.tensors == ("r",)
+    # Without MaxPool in `through` the pool output is not moved with the Relu value but on its own bound.
+    findings = found(model, "QDQ507", with_params("QDQ507", tmp_path, "through = []"))
+    assert [f.tensors for f in findings] == [("r",), ("p",)]
 
 
 def test_qdq507_with_qdq402_in_the_full_ort_fix(tmp_path):
