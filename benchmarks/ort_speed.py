@@ -14,8 +14,8 @@ order each round) at batch 1 with 1 and then 2 intra-op threads, and prints per 
 latency, its ratio to float and to PTQ, top-1 accuracy with onnxruntime's optimizations on and off,
 logit SQNR against the float model, how many Convs onnxruntime fused into QLinearConv (read
 from the optimized graph it writes with `optimized_model_filepath`), and per Conv how many adjacent
-weight pairs can saturate the 16-bit pair sums of u8×s8 kernels without VNNI over the raw input
-range the test images give (`saturation`).
+weight pairs can saturate the 16-bit pair sums of u8×s8 kernels without VNNI, over the raw input
+range the test images give and over any input (`saturation`, onnx and numpy only).
 
     python benchmarks/ort_speed.py [--rounds 15] [--runs 100] [--epochs 2] [--qat-steps 60] [--json FILE]
 """
@@ -43,13 +43,9 @@ sys.path.insert(0, str(REPO / "examples"))
 import networks  # noqa: E402
 
 from qdq.calibrate import tensor_ranges  # noqa: E402
-from qdq.checks.weight_type import reduction_rows, saturating_pairs, weight_integers  # noqa: E402
 from qdq.fix import fix  # noqa: E402
 from qdq.lint import lint  # noqa: E402
 from qdq.model import load_model, save_model  # noqa: E402
-from qdq.operands import WEIGHT_INPUT, input_value  # noqa: E402
-from qdq.quant_index import QuantIndex  # noqa: E402
-from qdq.rule import CheckContext, Severity  # noqa: E402
 from qdq.ruleset import load_target  # noqa: E402
 from qdq.verify import compare_arrays  # noqa: E402
 
@@ -128,28 +124,33 @@ def fused_ops(path: Path) -> dict:
             "integer_ops": {op: n for op, n in integer.items() if op != "QLinearConv"}}
 
 
-def saturation(path: Path, x: np.ndarray) -> dict[str, int]:
+def saturation(path: Path, x: np.ndarray) -> dict[str, tuple[int, int]]:
     """Per Conv with int8 weights, how many adjacent weight pairs can saturate a 16-bit pair sum (u8×s8
-    without VNNI) over the raw uint8 range its input takes on `x` (one row at a time, the QAT batch of 1).
+    without VNNI): over the raw input range its input takes on `x` (one row at a time, the QAT batch of
+    1), and over every input the kernel can be given (0..255).
 
-    The pairs and their order are QDQ508's (`reduction_rows`, `saturating_pairs`); an int8 input is
-    seen as onnxruntime's kernels see it, 128 higher. Convs with uint8 weights run u8×u8: not listed.
+    Independent of qdq: the weights and grids are read with onnx alone. onnxruntime lays a Conv's
+    reduction out as (kernel position, input channel), the channel fastest, and `pmaddubsw` adds
+    products 0+1, 2+3, ... of it (checked on this CPU with one-hot weight pairs); an int8 input
+    reaches the kernel 128 higher. Convs with uint8 weights run u8×u8, and depthwise Convs (one input
+    and one output channel per group) another kernel: neither is listed.
     """
-    model = load_model(path)
-    ctx = CheckContext(model=model, index=QuantIndex(model), params={}, severity=Severity.INFO)
-    convs = []
-    for node in model.graph.nodes:
-        if node.op != "Conv":
-            continue
-        activation, weight = input_value(ctx.index, node, 0), input_value(ctx.index, node, WEIGHT_INPUT["Conv"])
-        if activation is None or weight is None:
-            continue
-        params = ctx.index.params(weight.nodes[0])
-        integers = weight_integers(ctx, weight, params) if params.elem_type == onnx.TensorProto.INT8 else None
-        if integers is not None:
-            signed = ctx.index.params(activation.nodes[0]).elem_type == onnx.TensorProto.INT8
-            convs.append((node.name, activation.integer.name, reduction_rows(node, integers), 128 if signed else 0))
     proto = onnx.load(str(path))
+    constants = {t.name: onnx.numpy_helper.to_array(t) for t in proto.graph.initializer}
+    producer = {out: node for node in proto.graph.node for out in node.output}
+    convs = []
+    for node in proto.graph.node:
+        dqs = [producer.get(name) for name in node.input[:2]]
+        if node.op_type != "Conv" or any(dq is None or dq.op_type != "DequantizeLinear" for dq in dqs):
+            continue
+        integers = _weight_integers(dqs[1], constants, producer)
+        input_type = _zero_point(dqs[0], constants).dtype
+        groups = next((a.i for a in node.attribute if a.name == "group"), 1)
+        if integers is None or integers.dtype != np.int8 or input_type not in (np.uint8, np.int8) or \
+                integers.shape[1] == 1 and integers.shape[0] == groups:
+            continue
+        rows = np.moveaxis(integers.astype(np.int64), 1, -1).reshape(integers.shape[0], -1)
+        convs.append((node.name, dqs[0].input[0], rows, 128 if input_type == np.int8 else 0))
     known = {o.name for o in proto.graph.output}
     for tensor in {c[1] for c in convs} - known:
         proto.graph.output.append(onnx.ValueInfoProto(name=tensor))
@@ -165,8 +166,39 @@ def saturation(path: Path, x: np.ndarray) -> dict[str, int]:
             if value.dtype in (np.uint8, np.int8):
                 low[name] = min(low.get(name, 255), int(value.min()))
                 high[name] = max(high.get(name, -128), int(value.max()))
-    return {conv: saturating_pairs(rows, low[tensor] + shift, high[tensor] + shift)
+    return {conv: (saturating_pairs(rows, low[tensor] + shift, high[tensor] + shift), saturating_pairs(rows, 0, 255))
             for conv, tensor, rows, shift in convs}
+
+
+def _zero_point(dq: onnx.NodeProto, constants: dict[str, np.ndarray]) -> np.ndarray:
+    return constants[dq.input[2]] if len(dq.input) > 2 and dq.input[2] else np.zeros((), np.uint8)
+
+
+def _weight_integers(dq: onnx.NodeProto, constants: dict, producer: dict) -> np.ndarray | None:
+    """The integers a weight DQ reads: stored, or what a Q makes of a float constant."""
+    if dq.input[0] in constants:
+        return constants[dq.input[0]]
+    q = producer.get(dq.input[0])
+    if q is None or q.op_type != "QuantizeLinear" or q.input[0] not in constants:
+        return None
+    real, scale, zero_point = constants[q.input[0]], constants[q.input[1]], _zero_point(q, constants)
+    axis = next((a.i for a in q.attribute if a.name == "axis"), 1)
+    shape = [1] * real.ndim
+    if scale.size > 1:
+        shape[axis] = -1
+    values = np.rint(real / scale.reshape(shape)) + zero_point.reshape(shape).astype(np.float64)
+    return np.clip(values, -128, 127).astype(zero_point.dtype)
+
+
+def saturating_pairs(rows: np.ndarray, low: int, high: int, limit: int = 32767) -> int:
+    """How many adjacent weight pairs of rows [outputs, reduction] can sum past the 16-bit range with raw
+    inputs in [low, high]: `pmaddubsw`'s w1 · x1 + w2 · x2, largest and least over the range."""
+    if rows.shape[1] % 2:
+        rows = np.concatenate([rows, np.zeros((rows.shape[0], 1), rows.dtype)], axis=1)
+    first, second = rows[:, 0::2], rows[:, 1::2]
+    largest = np.maximum(first * low, first * high) + np.maximum(second * low, second * high)
+    least = np.minimum(first * low, first * high) + np.minimum(second * low, second * high)
+    return int(np.count_nonzero((largest > limit) | (least < -limit - 1)))
 
 
 def time_variants(paths: dict[str, Path], x: np.ndarray, threads: int, rounds: int, runs: int) -> dict[str, dict]:
@@ -243,7 +275,7 @@ def verdict(result: dict) -> dict:
         "accuracy_at_least_qat_unoptimized": fixed["accuracy_unoptimized"] >= qat["accuracy_unoptimized"],
         "error_at_most_1.06x_qat": bool(fixed["sqnr_db_vs_float"] >= qat["sqnr_db_vs_float"] - 20 * np.log10(1.06)),
         "every_conv_fused": fixed["float_conv"] == 0,
-        "no_saturating_pair": not any(fixed["saturating_pairs"].values()),
+        "no_pair_can_saturate": not any(worst for _, worst in fixed["saturating_pairs"].values()),
     }
 
 
@@ -295,20 +327,22 @@ def print_report(head: dict, results: list[dict]) -> None:
             others = ", ".join(f"{op} {n}" for op, n in r["integer_ops"].items()) or "–"
             print(f"{variant:<14} {r['accuracy']:6.3f} {r['accuracy_unoptimized']:6.3f} {decibels[0]:>7} "
                   f"{decibels[1]:>7} {timings}  {r['qlinear_conv']:>5} / {r['float_conv']:<9} {others}")
-        print("adjacent weight pairs that can saturate 16-bit sums (u8×s8 without VNNI) over the raw input range "
-              "of the test images, per Conv with int8 weights:")
+        print("adjacent weight pairs that can saturate 16-bit sums (u8×s8 without VNNI), per Conv with int8 weights: "
+              "over the raw input range of the test images / over any input:")
         for variant, r in result["variants"].items():
-            at_risk = {conv: n for conv, n in r["saturating_pairs"].items() if n}
-            print(f"  {variant:<12} {sum(at_risk.values()):4d} in {len(at_risk)} of {len(r['saturating_pairs'])} Convs"
-                  + (f": {', '.join(f'{c} {n}' for c, n in at_risk.items())}" if at_risk else ""))
+            for which, label in ((0, "test images"), (1, "any input")):
+                at_risk = {conv: n[which] for conv, n in r["saturating_pairs"].items() if n[which]}
+                print(f"  {variant:<12} {label:<11} {sum(at_risk.values()):4d} in {len(at_risk)} of "
+                      f"{len(r['saturating_pairs'])} Convs"
+                      + (f": {', '.join(f'{c} {n}' for c, n in at_risk.items())}" if at_risk and which == 0 else ""))
         checks = result["verdict"]
         print("done-when (qat_fixed): " + ", ".join(f"{k} {'yes' if v else 'NO'}" for k, v in checks.items()))
     print(f"\nload average at end {[round(v, 2) for v in os.getloadavg()]}")
     if not head["vnni"]:
         print("\nNo VNNI: onnxruntime's u8×s8 kernels (vpmaddubsw) saturate pairs of products at int16, so fused "
               "models can lose accuracy with optimizations on ('top-1') that they keep with them off ('noopt'); "
-              "in qat_fixed, QDQ507 moves one-sided activations' zero-points to their bound and QDQ508 gives the "
-              "Convs still at risk 7-bit weights to prevent it.")
+              "in qat_fixed, QDQ508 narrows the weight grid of the output channels that could saturate (uint8 weights "
+              "for a Conv reading one channel), so none can.")
 
 
 def main(argv: list[str] | None = None) -> list[dict]:

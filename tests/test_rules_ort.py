@@ -18,7 +18,7 @@ import onnx
 import onnxruntime as ort
 import pytest
 from builders import GraphBuilder
-from conftest import run_ort
+from conftest import run_optimized, run_ort, saturation_not_shown
 from onnx import numpy_helper
 
 from qdq.errors import RuleSetError
@@ -540,25 +540,27 @@ def test_float_output_without_a_q_is_fixed_from_calibration_data(tmp_path):
 
 # --- QDQ508 saturating-weight-type ------------------------------------------------------------------
 
-HEADROOM = ORT.rules["QDQ508"].params["headroom"]
 PAIR_LIMIT = ORT.rules["QDQ508"].params["pair_limit"]
-# The test conv's largest adjacent pair is 127 + 127: it overflows from this input zero-point on.
-FIRST_SATURATING_ZP = PAIR_LIMIT // 254 + 1 - HEADROOM
+# The largest pair of equal weights that 255 · (w + w) keeps inside the 16-bit range: 64.
+LARGEST_SAFE = PAIR_LIMIT // 255 // 2
 
 
-def saturating_conv(zp=128, in_type=np.uint8, weight="stored", axis=None, shared=False, top=127) -> GraphBuilder:
+def saturating_conv(zp=128, in_type=np.uint8, weight="stored", axis=None, shared=False, top=127,
+                    second=None) -> GraphBuilder:
     """DQ(x, 0.01, zp) → Conv ← DQ(int8 weight, `top` but one -128 in the first channel) → Q → DQ → y.
 
-    `weight` "stored" keeps the integers `w_int` in the model, "float" quantizes `w_float` with
+    `second` gives a second output channel these weights. `weight` "stored" keeps the integers `w_int` in the model, "float" quantizes `w_float` with
     Q `w_q` as FX exports it; `axis` makes it per-channel (2 output channels). With `shared`, a
     second Conv, whose input has zero-point 0, reads the same weight through its own DQ `w2_dq`.
     """
     b = GraphBuilder()
     x = act(b, b.input("x", [1, 4, 2, 2]), "in", 0.01, zp, in_type)
     scale = f32(0.01 if axis is None else [0.01, 0.02])
-    cout = scale.size
+    cout = 2 if second is not None else scale.size
     integers = np.full((cout, 4, 1, 1), top, np.int8)
     integers[0, 0] = -128
+    if second is not None:
+        integers[1:] = second
     attrs = {"axis": axis} if axis is not None else {}
     params = [b.init("w_scale", scale), b.init("w_zp", np.zeros(scale.shape, np.int8))]
     if weight == "float":
@@ -575,30 +577,6 @@ def saturating_conv(zp=128, in_type=np.uint8, weight="stored", axis=None, shared
     return b
 
 
-def run_optimized(path: Path, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
-    options = ort.SessionOptions()
-    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-    options.log_severity_level = 3
-    return ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"]).run(None, feeds)
-
-
-def saturation_not_shown() -> str | None:
-    """Why onnxruntime's u8×s8 kernels would not saturate on this CPU, or None where they do (x86 AVX2, no VNNI)."""
-    import platform
-
-    if platform.machine().lower() not in ("x86_64", "amd64"):
-        return f"{platform.machine()} is not x86: its u8×s8 kernels do not use pmaddubsw"
-    try:
-        flags = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return "no /proc/cpuinfo to read the CPU flags from"
-    if "vnni" in flags or "amx_int8" in flags:
-        return "the CPU has VNNI: onnxruntime sums u8×s8 products in 32 bits"
-    if "avx2" not in flags:
-        return "no AVX2: onnxruntime takes another u8×s8 kernel"
-    return None
-
-
 def test_qdq508_runs_last_in_the_ort_fix_order():
     order = [rule.code for rule, _ in ORT.fix_sequence()]
     assert order.index("QDQ508") > max(order.index("QDQ505"), order.index("QDQ507"), order.index("QDQ804"))
@@ -607,26 +585,27 @@ def test_qdq508_runs_last_in_the_ort_fix_order():
 
 
 @pytest.mark.parametrize(("zp", "in_type", "top", "expected"), [
-    (FIRST_SATURATING_ZP - 1, np.uint8, 127, False),  # 254 · (zp + headroom) ≤ 32767: left int8 (the fast kernel)
-    (FIRST_SATURATING_ZP, np.uint8, 127, True),       # one step more overflows
-    (0, np.uint8, 127, False),                        # after a Relu
-    (128, np.uint8, 100, False),                      # smaller weights: 200 · (128 + headroom) fits
-    (0, np.int8, 127, True),                          # a symmetric int8 input sits 128 above its minimum
+    (128, np.uint8, 127, True),                # 255 · (127 + 127) > 32767
+    (0, np.uint8, 127, True),                  # after a Relu too: a large input can still meet both weights
+    (0, np.int8, 127, True),                   # an int8 input reaches the kernel as uint8, 128 higher
+    (128, np.uint8, LARGEST_SAFE, False),      # 255 · 128 = 32640 fits whatever the input
+    (128, np.uint8, LARGEST_SAFE + 1, True),
 ])
 def test_qdq508_when_a_weight_pair_can_overflow(tmp_path, zp, in_type, top, expected):
     findings = found(load(saturating_conv(zp, in_type, top=top), tmp_path), "QDQ508")
     assert bool(findings) == expected
     if expected:
         [finding] = findings
-        assert finding.node == "w_dq" and finding.values["pair"] == 254
-        assert finding.values["offset"] == zp - np.iinfo(in_type).min
+        assert finding.node == "w_dq" and finding.values["pair"] == 2 * top
 
 
 def test_qdq508_parameters(tmp_path):
     model = load(saturating_conv(zp=128), tmp_path)
-    assert found(model, "QDQ508", with_params("QDQ508", tmp_path, "headroom = 0\npair_limit = 32512")) == []
-    assert len(found(model, "QDQ508", with_params("QDQ508", tmp_path, "headroom = 0\npair_limit = 32511"))) == 1
+    assert found(model, "QDQ508", with_params("QDQ508", tmp_path, "pair_limit = 64770")) == []  # 255 · 254
+    assert len(found(model, "QDQ508", with_params("QDQ508", tmp_path, "pair_limit = 64769"))) == 1
     assert found(model, "QDQ508", with_params("QDQ508", tmp_path, 'ops = ["Gemm"]')) == []
+    with pytest.raises(RuleSetError):
+        found(model, "QDQ508", with_params("QDQ508", tmp_path, 'weights = "int4"'))
 
 
 @pytest.mark.parametrize("axis", [None, 0])
@@ -686,18 +665,48 @@ def test_qdq508_fixed_conv_fuses_and_does_not_saturate(tmp_path):
 
 @pytest.mark.parametrize("axis", [None, 0])
 @pytest.mark.parametrize("weight", ["stored", "float"])
-def test_qdq508_seven_bit_weights_cannot_saturate(tmp_path, weight, axis):
+def test_qdq508_narrows_the_channels_at_risk_just_enough(tmp_path, weight, axis):
     model = load(saturating_conv(weight=weight, axis=axis), tmp_path)
     [finding] = found(model, "QDQ508")
-    assert finding.fix == FixSafety.APPROXIMATE and "7-bit" in finding.message
-    changes, path = fix_rule(model, "QDQ508", tmp_path)
-    [change] = changes
-    assert "7-bit" in change.description
+    assert finding.fix == FixSafety.APPROXIMATE and "narrower int8" in finding.message
+    [change], path = fix_rule(model, "QDQ508", tmp_path)
+    assert "no 16-bit pair sum can saturate" in change.description
     scale, zero_point = node_params(path, "w_dq")
-    assert zero_point.dtype == np.int8 and np.allclose(scale, f32(0.01 if axis is None else [0.01, 0.02]) * 127 / 63)
+    # 127 + 127 becomes 64 + 64 = 128, the largest pair that fits, on a grid 127/64 coarser.
+    assert zero_point.dtype == np.int8 and np.all(zero_point == 0)
+    assert np.allclose(scale, f32(0.01 if axis is None else [0.01, 0.02]) * 127 / LARGEST_SAFE)
     assert found(load_model(path), "QDQ508") == []
     assert optimized_ops(path)["QLinearConv"] == 1
-    # Inputs of 1.27 are integers 255: every product fits, and the fused kernel agrees with the unfused one.
+    # Inputs of 1.27 are integers 255: every pair fits, and the fused kernel agrees with the unfused one.
     feeds = {"x": np.full((1, 4, 2, 2), 1.27, np.float32)}
     (unfused,), (fused,) = run_ort(path, feeds), run_optimized(path, feeds)
     assert np.array_equal(unfused, fused)
+
+
+def test_qdq508_leaves_the_channels_not_at_risk_on_their_grid(tmp_path):
+    """A per-tensor weight whose second output channel cannot saturate becomes per-channel: only the first moves."""
+    model = load(saturating_conv(second=40), tmp_path)
+    [finding] = found(model, "QDQ508")
+    assert (finding.values["channels"], finding.values["outputs"]) == (1, 2)
+    _, path = fix_rule(model, "QDQ508", tmp_path)
+    scale, _ = node_params(path, "w_dq")
+    assert np.allclose(scale, f32([0.01 * 127 / LARGEST_SAFE, 0.01]))
+    x = rand(1, 4, 2, 2, scale=0.8)
+    (before,), (after,) = run_ort(tmp_path / "model.onnx", {"x": x}), run_ort(path, {"x": x})
+    assert np.array_equal(before[:, 1], after[:, 1])
+
+
+def test_qdq508_stores_a_one_channel_conv_as_uint8(tmp_path):
+    """A Conv reading a grey image (`uint8_channels` = 1 in ort) keeps its grid: uint8, exact."""
+    b = GraphBuilder()
+    x = act(b, b.input("x", [1, 1, 4, 4]), "in", 0.01, 128, np.uint8)
+    params = [b.init("w_scale", f32(0.01)), b.init("w_zp", np.int8(0))]
+    w = b.node("DequantizeLinear", [b.init("w_int", np.full((2, 1, 3, 3), 127, np.int8)), *params], ["w_deq"],
+               name="w_dq")
+    b.output(act(b, b.node("Conv", [x, w], ["c"]), "out", 0.1, 0, np.uint8), [1, 2, 2, 2])
+    model = load(b, tmp_path)
+    [finding] = found(model, "QDQ508")
+    assert finding.values["expected"] == "uint8"
+    _, path = fix_rule(model, "QDQ508", tmp_path)
+    scale, zero_point = node_params(path, "w_dq")
+    assert zero_point.dtype == np.uint8 and scale == f32(0.01)
