@@ -137,6 +137,11 @@ def saturation(path: Path, x: np.ndarray) -> dict[str, tuple[int, int]]:
     """
     proto = onnx.load(str(path))
     constants = {t.name: onnx.numpy_helper.to_array(t) for t in proto.graph.initializer}
+    constants.update({node.output[0]: onnx.numpy_helper.to_array(a.t) for node in proto.graph.node
+                      if node.op_type == "Constant" for a in node.attribute if a.name == "value"})
+    for node in proto.graph.node:  # exporters read qparams through Identity (in graph order)
+        if node.op_type == "Identity" and node.input[0] in constants:
+            constants[node.output[0]] = constants[node.input[0]]
     producer = {out: node for node in proto.graph.node for out in node.output}
     convs = []
     for node in proto.graph.node:
