@@ -151,8 +151,9 @@ def _few_channels(node, integers: np.ndarray, most: int) -> bool:
 
 
 def _finest_safe_grid(node, real: np.ndarray, scale: float, limit: int, axis: int) -> tuple[int, np.float32]:
-    """The largest k ≤ 127 whose grid (scale · 127 / k, as stored) keeps every pair of one output channel in range."""
-    for k in range(127, _SEVEN_BIT - 1, -1):
+    """The largest k ≤ 127 whose grid (scale · 127 / k, as stored) keeps every pair of one output channel in
+    range; the 7-bit grid, k = 63, always does (2 · 255 · 64 still fits, should rounding reach 64)."""
+    for k in range(127, _SEVEN_BIT, -1):
         new_scale = np.float32(scale * 127 / k)
         integers = np.clip(np.rint(real / np.float64(new_scale)), -128, 127)
         channel = np.moveaxis(integers[None], 0, axis)
