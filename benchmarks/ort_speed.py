@@ -5,7 +5,7 @@ set) it builds, in one temporary folder:
 
 - `float`: the float model;
 - `qat`: the FX QAT export (symmetric int8, Conv → Div → BN kept) as exported;
-- `qat_fixed`: `qat` after `qdq fix --target ort` (with measured ranges when a fix needs data);
+- `qat_fixed`: `qat` after `qdq fix --target ort`, without calibration data;
 - `qat_exact`: `qat` after `qdq fix --target ort --exact-only`;
 - `ptq`: onnxruntime's `quantize_static` of the float model (uint8 activations, QDQ).
 
@@ -42,7 +42,6 @@ sys.path.insert(0, str(REPO / "examples"))
 
 import networks  # noqa: E402
 
-from qdq.calibrate import tensor_ranges  # noqa: E402
 from qdq.fix import fix  # noqa: E402
 from qdq.lint import lint  # noqa: E402
 from qdq.model import load_model, save_model  # noqa: E402
@@ -53,9 +52,6 @@ NETWORKS = ["resnet", "yolo"]
 VARIANTS = ["float", "qat", "qat_fixed", "qat_exact", "ptq"]
 THREADS = [1, 2]
 FLOAT_CONVS = {"Conv", "FusedConv", "NhwcFusedConv", "NchwcConv"}
-# Fixes that need a scale the graph does not have; they are fixable only with measured ranges.
-DATA_RULES = {"QDQ801", "QDQ804"}
-CALIBRATION_ROWS = 32
 SATURATION_ROWS = 64
 WARMUP_RUNS = 10
 
@@ -73,29 +69,15 @@ def build_variants(name: str, epochs: int, qat_steps: int, folder: Path) -> tupl
     paths["qat"] = networks.fx_qat_export(model, data, folder / f"{name}_qat.onnx", qat_steps)
     target = load_target("ort")
     before = lint(load_model(paths["qat"]), target)
-    needs_data = sorted({f.code for f in before.findings if f.code in DATA_RULES and f.fix is None})
-    # Always measured: a fix can expose a float edge that needs data (QDQ805 quantizing a SiLU's
-    # Sigmoid leaves the Mul's output to QDQ804), which the lint before the fix does not show.
-    ranges = measured_ranges(paths["qat"], data[0][:CALIBRATION_ROWS].numpy())
-    report = {"findings_before": dict(Counter(f.code for f in before.findings)), "calibrated_for": needs_data}
+    report = {"findings_before": dict(Counter(f.code for f in before.findings))}
     for variant, exact_only in (("qat_fixed", False), ("qat_exact", True)):
         fixed = load_model(paths["qat"])
-        result = fix(fixed, target, exact_only=exact_only, ranges=ranges)
+        result = fix(fixed, target, exact_only=exact_only)  # no calibration data
         paths[variant] = folder / f"{name}_{variant}.onnx"
         save_model(fixed, paths[variant])
         report[variant] = {"changes_by_rule": result.by_rule(), "converged": result.converged,
                            "remaining": dict(Counter(f.code for f in result.result.findings))}
     return {v: paths[v] for v in VARIANTS}, {"data": data, "fix": report}
-
-
-def measured_ranges(path: Path, rows: np.ndarray) -> dict[str, tuple[float, float]]:
-    """`qdq fix --calibrate` ranges over `rows`, one at a time (the QAT export has a fixed batch of 1)."""
-    ranges: dict[str, tuple[float, float]] = {}
-    for row in rows:
-        for tensor, (low, high) in tensor_ranges(path, {"input": row[None]}).items():
-            old_low, old_high = ranges.get(tensor, (low, high))
-            ranges[tensor] = (min(old_low, low), max(old_high, high))
-    return ranges
 
 
 # --------------------------------------------------------------------------- onnxruntime
@@ -318,7 +300,7 @@ def print_report(head: dict, results: list[dict]) -> None:
     for result in results:
         fix_report = result["fix"]
         print(f"\n== {result['network']} ({result['seconds']} s)")
-        print(f"lint before: {fix_report['findings_before']}; calibrated for: {fix_report['calibrated_for'] or 'nothing'}")
+        print(f"lint before: {fix_report['findings_before']}")
         for variant in ("qat_fixed", "qat_exact"):
             r = fix_report[variant]
             print(f"{variant}: changes by rule {r['changes_by_rule']}; lint after: {r['remaining'] or 'clean'}")

@@ -385,6 +385,31 @@ def test_qdq804_without_a_q_or_at_a_graph_output_is_not_fixable(tmp_path):
     assert output.fix is None and "graph output" in output.message
 
 
+def upsampled_conv(mode: str) -> GraphBuilder:
+    """DQ → Conv → Resize(2×, `mode`) → Q → DQ → y: the conv output reaches a Q only through the Resize."""
+    b = GraphBuilder()
+    x = act(b, b.input("x", [1, 2, 4, 4]), "in", zp=128, dtype=np.uint8)
+    conv = b.node("Conv", [x, conv_weight(b, "w", (3, 2, 1, 1))], ["c"], name="conv")
+    up = b.node("Resize", [conv, "", b.init("scales", f32([1, 1, 2, 2]))], ["up"], name="up", mode=mode)
+    b.output(act(b, up, "out", 0.1, 128, np.uint8), [1, 3, 8, 8])
+    return b
+
+
+def test_qdq804_gives_an_output_the_grid_of_the_q_after_a_nearest_resize(tmp_path):
+    """Quantizing before a nearest Resize on the grid of the Q after it changes no integer: data-free and exact."""
+    model = load(upsampled_conv("nearest"), tmp_path)
+    [finding] = found(model, "QDQ804")
+    assert finding.fix is not None and "out_q" in finding.message
+    changes, path = fix_rule(model, "QDQ804", tmp_path)
+    assert [c.code for c in changes] == ["QDQ804"] and optimized_ops(path)["QLinearConv"] == 1
+    x = rand(1, 2, 4, 4)
+    (before,), (after,) = run_ort(tmp_path / "model.onnx", {"x": x}), run_ort(path, {"x": x})
+    assert np.array_equal(before, after)
+    # A linear Resize mixes values: the grid after it says nothing certain about the values before it.
+    [linear] = found(load(upsampled_conv("linear"), tmp_path, "linear.onnx"), "QDQ804")
+    assert linear.fix is None and "needs data" in linear.message
+
+
 def test_qdq804_negative(tmp_path):
     # Conv → Relu → Q: the Q absorbs the Relu, the unit fuses.
     b = GraphBuilder()
