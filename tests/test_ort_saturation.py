@@ -59,7 +59,7 @@ def test_silu_zero_point_moves_to_its_bound_and_keeps_the_grid(tmp_path):
     path = silu_graph().save(tmp_path / "silu.onnx")
     model = load_model(path)
     [finding] = [f for f in lint(model, ORT.narrowed(select=["QDQ507"])).findings]
-    # The least x · sigmoid~(x) on the 1/256 grid lies a little below -0.27846: ceil(0.279 / 0.05) = 6.
+    # The least x · sigmoid~(x) on the 1/256 grid lies a little below -0.27846: round(0.279 / 0.05) = 6.
     assert finding.values["op"] == "Mul(x, Sigmoid(x))" and -0.29 < finding.values["bound"] < -0.2784
     assert finding.values["zero_point"] == 128 and finding.values["expected"] == 6
     fix(model, ORT.narrowed(select=["QDQ507"]))

@@ -41,9 +41,11 @@ class ClippedZeroPoint(Rule):
     of x·sigmoid(x), or the exact least product when the Sigmoid's output is quantized); a Clip
     bounds by its min; ops in `carry` pass on the smallest bound of their inputs (Resize unless
     cubic) and ops in `sum` the sum (Add); a Q → DQ pair passes on its input's bound rounded on its
-    grid. Bounds above 0 count as 0. The new zero-point is the type minimum + ceil(-lo / scale).
+    grid. Bounds above 0 count as 0. The new zero-point is the type minimum - round(lo / scale):
+    the Q rounds lo to that step, so nothing it can be given falls below the type minimum, and a
+    value made from it through a Q/DQ pair (bound rounded on the same grid) gets the same one.
 
-    Example: `SiLU → Q(s=0.05, zp=128 uint8)`. The fix sets zp ceil(0.27846 / 0.05) = 6 with the
+    Example: `SiLU → Q(s=0.05, zp=128 uint8)`. The fix sets zp round(0.27846 / 0.05) = 6 with the
     same scale on the Q and its DQs, and on every value that shares those parameters through ops
     that only move values (`through`: MaxPool, Reshape, ...), so QDQ402 does not see a mismatch.
     The grid points stay where they were: every value the old grid held (down to -128 · 0.05,
@@ -78,13 +80,15 @@ class ClippedZeroPoint(Rule):
             if qtype is None or qtype.is_float or not is_uniform(zero_point):
                 continue
             tensor = qt.quantize.inputs[0]
+            if isinstance(tensor, gs.Constant) or not _read_by_its_dequantizes(ctx, qt):
+                continue  # a weight that reaches its op indirectly; integers an op reads (a Clip) on the old grid
             low = bounds.of(tensor)
             if low is None:
                 continue
-            expected = min(qtype.qmax, qtype.qmin + math.ceil(-low / scale))
+            expected = min(qtype.qmax, qtype.qmin - int(np.rint(low / scale)))
             if expected >= zero_point.ravel()[0]:
                 continue
-            group = _zero_point_group(ctx, qt, ctx.params["through"])
+            group = [m for m in _zero_point_group(ctx, qt, ctx.params["through"]) if _read_by_its_dequantizes(ctx, m)]
             covered.update(id(m) for m in group)
             producer = tensor.inputs[0] if len(tensor.inputs) == 1 else None
             fixable = all(not ctx.index.is_graph_output(m.integer) and scale_of(ctx.index, m) for m in group)
@@ -197,7 +201,7 @@ class _Bounds:
         if a is b:
             return True
         dqs = [self.ctx.index.dequantize_feeding(t) for t in (a, b)]
-        if None in dqs:
+        if any(dq is None for dq in dqs):
             return False
         first, second = (self.ctx.index.qtensor_of(dq) for dq in dqs)
         return first is not None and first is second
@@ -223,6 +227,14 @@ class _Bounds:
         k = np.arange(1, math.floor(0.5 / scale + 0.5) + 1, dtype=np.float64)
         p = (k - 0.5) * scale
         return float(np.min(np.log(p / (1 - p)) * k * scale, initial=0.0))
+
+
+def _read_by_its_dequantizes(ctx: CheckContext, qt: QTensor) -> bool:
+    """Whether only the value's own DQs read its integers, directly: an integer Clip between Q and DQ
+    (PyTorch's x86 reduced range, pt2e's weight clamp) clips at integers that mean other values on
+    a moved grid."""
+    return all(not via and any(consumer is dq for dq in qt.dequantizes)
+               for consumer, via in ctx.index.consumers_through(qt.integer))
 
 
 def _zero_point_group(ctx: CheckContext, qt: QTensor, through: Iterable[str]) -> list[QTensor]:

@@ -27,6 +27,8 @@ _FROM, _TO, _SHIFT = TensorProto.INT8, TensorProto.UINT8, 128
 # The narrowest grid the narrowing fix needs, |w| ≤ 63: 2 · 255 · 63 = 32130 never saturates.
 _SEVEN_BIT = 63
 _FIXES = ("7-bit", "uint8")
+# DequantizeLinear takes per-axis scales from opset 13 on.
+_PER_AXIS_OPSET = 13
 # What the kernel multiplies the weights by: any uint8 (an int8 input is moved up by 128 first).
 _INPUT_MAX = 255
 
@@ -49,7 +51,8 @@ class SaturatingWeightType(Rule):
     - "7-bit" (default, x86 without VNNI): each output channel at risk is re-quantized from its
       effective weights on the finest grid on which no pair can saturate: |w| ≤ k at scale
       s · 127 / k for the largest such k, 63 (7 bits) at worst. Channels not at risk keep their
-      scale, so a per-tensor weight becomes per-channel. The Conv stays on the fast u8×s8
+      scale, so a per-tensor weight becomes per-channel (before opset 13, which has no per-axis
+      DQ, the whole weight takes the narrowest grid). The Conv stays on the fast u8×s8
       kernel; the channels at risk lose at most one bit (approximate; the change report gives
       the SQNR).
     - "uint8": the weight is stored as uint8 with zero-point 128: stored integers become a new
@@ -132,6 +135,10 @@ class SaturatingWeightType(Rule):
         for channel in np.flatnonzero(at_risk):
             k, scale[channel] = _finest_safe_grid(node, real[channel], scale[channel], ctx.params["pair_limit"], axis)
             ranges.append(k)
+        if params.scale.size == 1 and ctx.model.opset < _PER_AXIS_OPSET:  # one scale: the narrowest grid for all
+            scale = np.float32(params.scale.ravel()[0] * 127 / min(ranges))
+            reason = f"narrower weights (|w| ≤ {min(ranges)}, one scale before opset 13): no 16-bit pair sum can saturate"
+            return set_params(ctx, weight, scale, self.code, reason)
         reason = (f"narrower weights in {len(ranges)} of {at_risk.size} output channels (|w| ≤ {min(ranges)}"
                   f"{'' if min(ranges) == max(ranges) else f' to {max(ranges)}'}): no 16-bit pair sum can saturate")
         return set_params(ctx, weight, scale, self.code, reason, axis=axis)
