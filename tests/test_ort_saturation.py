@@ -130,3 +130,22 @@ def test_no_pair_can_saturate_after_the_fix(arch, tmp_path):
 def sqnr(reference: np.ndarray, candidate: np.ndarray) -> float:
     noise = np.sum((reference.astype(np.float64) - candidate) ** 2)
     return float("inf") if noise == 0 else float(10 * np.log10(np.sum(reference.astype(np.float64) ** 2) / noise))
+
+
+def test_zero_points_an_integer_clip_reads_stay(tmp_path):
+    """PyTorch x86 exports clip an activation's integers (Q → Clip(0, 127) → DQ), pt2e a weight's (Clip(-127, 127)):
+    a moved zero-point would make those Clips cut other values, so QDQ507 leaves them."""
+    name = "torch/yolo_fx_qat_x86.onnx"
+    exact, moved = load_model(CORPUS / name), load_model(CORPUS / name)
+    fix(exact, ORT.narrowed(select=["QDQ505", "QDQ805"]))
+    fix(moved, ORT.narrowed(select=["QDQ505", "QDQ805", "QDQ507"]))  # QDQ805's Sigmoid Qs bound more SiLUs
+    save_model(exact, tmp_path / "exact.onnx")
+    save_model(moved, tmp_path / "moved.onnx")
+    for row in samples("yolo")[:4]:
+        feeds = {"input": row[None]}
+        assert all(np.array_equal(a, b) for a, b in zip(run_ort(tmp_path / "exact.onnx", feeds),
+                                                        run_ort(tmp_path / "moved.onnx", feeds)))
+    pt2e = load_model(CORPUS / "torch/yolo_pt2e_xnnpack_unfolded.onnx")
+    result = fix(pt2e, ORT.narrowed(select=["QDQ505", "QDQ805", "QDQ507"]))
+    moved_tensors = {c.tensor for c in result.changes if c.code == "QDQ507"}
+    assert moved_tensors and not any(t.endswith("weight") for t in moved_tensors)
