@@ -137,7 +137,8 @@ class SaturatingWeightType(Rule):
             ranges.append(k)
         if params.scale.size == 1 and ctx.model.opset < _PER_AXIS_OPSET:  # one scale: the narrowest grid for all
             scale = np.float32(params.scale.ravel()[0] * 127 / min(ranges))
-            reason = f"narrower weights (|w| ≤ {min(ranges)}, one scale before opset 13): no 16-bit pair sum can saturate"
+            reason = (f"narrower weights (|w| ≤ {min(ranges)}, one scale before opset 13): "
+                      "no 16-bit pair sum can saturate")
             return set_params(ctx, weight, scale, self.code, reason)
         reason = (f"narrower weights in {len(ranges)} of {at_risk.size} output channels (|w| ≤ {min(ranges)}"
                   f"{'' if min(ranges) == max(ranges) else f' to {max(ranges)}'}): no 16-bit pair sum can saturate")
