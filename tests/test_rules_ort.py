@@ -721,6 +721,22 @@ def test_qdq508_leaves_the_channels_not_at_risk_on_their_grid(tmp_path):
     assert np.array_equal(before[:, 1], after[:, 1])
 
 
+def test_qdq508_leaves_depthwise_convs_alone(tmp_path):
+    """onnxruntime's depthwise kernel (one input and one output channel per group) does not add products in pairs:
+    on this CPU 255 · 127 · 2 comes out whole, fused or not."""
+    b = GraphBuilder()
+    x = act(b, b.input("x", [1, 4, 4, 4]), "in", 0.01, 128, np.uint8)
+    params = [b.init("w_scale", f32(0.01)), b.init("w_zp", np.int8(0))]
+    w = b.node("DequantizeLinear", [b.init("w_int", np.full((4, 1, 3, 3), 127, np.int8)), *params], ["w_deq"],
+               name="w_dq")
+    b.output(act(b, b.node("Conv", [x, w], ["c"], group=4), "out", 0.1, 0, np.uint8), [1, 4, 2, 2])
+    model = load(b, tmp_path)
+    assert found(model, "QDQ508") == [] and optimized_ops(tmp_path / "model.onnx")["QLinearConv"] == 1
+    feeds = {"x": np.full((1, 4, 4, 4), 1.27, np.float32)}  # integers 255
+    (unfused,), (fused,) = run_ort(tmp_path / "model.onnx", feeds), run_optimized(tmp_path / "model.onnx", feeds)
+    assert np.array_equal(unfused, fused)
+
+
 def test_qdq508_stores_a_one_channel_conv_as_uint8(tmp_path):
     """A Conv reading a grey image (`uint8_channels` = 1 in ort) keeps its grid: uint8, exact."""
     b = GraphBuilder()

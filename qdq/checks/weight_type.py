@@ -41,7 +41,8 @@ class SaturatingWeightType(Rule):
     products in 16-bit arithmetic that saturates at 32767 (`pair_limit`); a saturated sum is a
     wrong output, not a rounding (a ResNet-style classifier: top-1 0.96 → 0.15). The pairs are
     weights adjacent along the reduction, in (kernel position, input channel) order with the
-    input channel fastest, as onnxruntime's im2col lays them out. The rule reports an output
+    input channel fastest, as onnxruntime's im2col lays them out (a depthwise Conv, one input and
+    one output channel per group, runs on a kernel without pairs). The rule reports an output
     channel when, for some raw inputs in 0..255, a pair's sum w1 · x1 + w2 · x2 leaves the 16-bit
     range: when two adjacent weights of the same sign add up to more than 32767 // 255 = 128 in
     magnitude. Where the input's values lie does not matter: QDQ507's zero-points put the usual
@@ -101,6 +102,8 @@ class SaturatingWeightType(Rule):
             integers = weight_integers(ctx, weight, params)
             if integers is None:
                 continue
+            if _depthwise(node, integers):
+                continue
             axis = output_channel_axis(node, integers.ndim)
             pairs = largest_adjacent_pairs(reduction_rows(node, integers))
             at_risk = pairs * _INPUT_MAX > limit
@@ -151,6 +154,12 @@ def _eight_bit(ctx: CheckContext, activation: QTensor) -> bool:
     qtype = params.qtype
     return (not params.dynamic and params.granularity == PER_TENSOR and qtype is not None and not qtype.is_float
             and qtype.qmax - qtype.qmin == _INPUT_MAX)
+
+
+def _depthwise(node, integers: np.ndarray) -> bool:
+    """A Conv with one input and one output channel per group: onnxruntime runs it on a depthwise kernel
+    that does not add products in pairs (probed with one-hot weight pairs; a channel multiplier of 2 pairs)."""
+    return node.op == "Conv" and integers.shape[1] == 1 and integers.shape[0] == node.attrs.get("group", 1)
 
 
 def _few_channels(node, integers: np.ndarray, most: int) -> bool:
