@@ -107,15 +107,15 @@ def fused_ops(path: Path) -> dict:
 
 
 def saturation(path: Path, x: np.ndarray) -> dict[str, tuple[int, int]]:
-    """Per Conv with int8 weights, how many adjacent weight pairs can saturate a 16-bit pair sum (u8×s8
-    without VNNI): over the raw input range its input takes on `x` (one row at a time, the QAT batch of
-    1), and over every input the kernel can be given (0..255).
+    """Per Conv and Gemm with int8 weights, how many adjacent weight pairs can saturate a 16-bit pair sum
+    (u8×s8 without VNNI): over the raw input range its input takes on `x` (one row at a time, the QAT
+    batch of 1), and over every input the kernel can be given (0..255).
 
     Independent of qdq: the weights and grids are read with onnx alone. onnxruntime lays a Conv's
-    reduction out as (kernel position, input channel), the channel fastest, and `pmaddubsw` adds
-    products 0+1, 2+3, ... of it (checked on this CPU with one-hot weight pairs); an int8 input
-    reaches the kernel 128 higher. Convs with uint8 weights run u8×u8, and depthwise Convs (one input
-    and one output channel per group) another kernel: neither is listed.
+    reduction out as (kernel position, input channel), the channel fastest, a Gemm's along K, and
+    `pmaddubsw` adds products 0+1, 2+3, ... of it (checked on this CPU with one-hot weight pairs);
+    an int8 input reaches the kernel 128 higher. Ops with uint8 weights run u8×u8, and depthwise
+    Convs (one input and one output channel per group) another kernel: neither is listed.
     """
     proto = onnx.load(str(path))
     constants = {t.name: onnx.numpy_helper.to_array(t) for t in proto.graph.initializer}
@@ -128,15 +128,18 @@ def saturation(path: Path, x: np.ndarray) -> dict[str, tuple[int, int]]:
     convs = []
     for node in proto.graph.node:
         dqs = [producer.get(name) for name in node.input[:2]]
-        if node.op_type != "Conv" or any(dq is None or dq.op_type != "DequantizeLinear" for dq in dqs):
+        if node.op_type not in ("Conv", "Gemm") or any(dq is None or dq.op_type != "DequantizeLinear" for dq in dqs):
             continue
         integers = _weight_integers(dqs[1], constants, producer)
         input_type = _zero_point(dqs[0], constants).dtype
-        groups = next((a.i for a in node.attribute if a.name == "group"), 1)
+        attrs = {a.name: a.i for a in node.attribute}
         if integers is None or integers.dtype != np.int8 or input_type not in (np.uint8, np.int8) or \
-                integers.shape[1] == 1 and integers.shape[0] == groups:
+                node.op_type == "Conv" and integers.shape[1] == 1 and integers.shape[0] == attrs.get("group", 1):
             continue
-        rows = np.moveaxis(integers.astype(np.int64), 1, -1).reshape(integers.shape[0], -1)
+        if node.op_type == "Gemm":  # B is [K, N], or [N, K] with transB
+            rows = (integers if attrs.get("transB", 0) else integers.T).astype(np.int64)
+        else:
+            rows = np.moveaxis(integers.astype(np.int64), 1, -1).reshape(integers.shape[0], -1)
         convs.append((node.name, dqs[0].input[0], rows, 128 if input_type == np.int8 else 0))
     known = {o.name for o in proto.graph.output}
     for tensor in {c[1] for c in convs} - known:
@@ -314,13 +317,13 @@ def print_report(head: dict, results: list[dict]) -> None:
             others = ", ".join(f"{op} {n}" for op, n in r["integer_ops"].items()) or "–"
             print(f"{variant:<14} {r['accuracy']:6.3f} {r['accuracy_unoptimized']:6.3f} {decibels[0]:>7} "
                   f"{decibels[1]:>7} {timings}  {r['qlinear_conv']:>5} / {r['float_conv']:<9} {others}")
-        print("adjacent weight pairs that can saturate 16-bit sums (u8×s8 without VNNI), per Conv with int8 weights: "
+        print("adjacent weight pairs that can saturate 16-bit sums (u8×s8 without VNNI), per Conv/Gemm with int8 weights: "
               "over the raw input range of the test images / over any input:")
         for variant, r in result["variants"].items():
             for which, label in ((0, "test images"), (1, "any input")):
                 at_risk = {conv: n[which] for conv, n in r["saturating_pairs"].items() if n[which]}
                 print(f"  {variant:<12} {label:<11} {sum(at_risk.values()):4d} in {len(at_risk)} of "
-                      f"{len(r['saturating_pairs'])} Convs"
+                      f"{len(r['saturating_pairs'])} Convs/Gemms"
                       + (f": {', '.join(f'{c} {n}' for c, n in at_risk.items())}" if at_risk and which == 0 else ""))
         checks = result["verdict"]
         print("done-when (qat_fixed): " + ", ".join(f"{k} {'yes' if v else 'NO'}" for k, v in checks.items()))
