@@ -1,8 +1,9 @@
 """Give a float operand the Q/DQ its consumer should read: reuse one, calibrate one, or quantize a constant.
 
-Placement fixes need a scale for a tensor that has none on this edge. The data-free answer is
-the Q the same tensor already has for another consumer (TensorRT's "one Q/DQ per tensor"); a
-constant weight can be quantized from its own values; anything else needs data, which
+Placement fixes need a scale for a tensor that has none on this edge. The data-free answers are
+the Q the same tensor already has for another consumer (TensorRT's "one Q/DQ per tensor") and
+the Q its values reach unchanged through ops that only move them (a nearest Resize, a Reshape);
+a constant weight can be quantized from its own values; anything else needs data, which
 `qdq fix --calibrate` provides as measured ranges (`CheckContext.ranges`).
 
 These helpers read graph edges, not the quantization index, because one fix run inserts nodes
@@ -11,12 +12,14 @@ the index has not seen: the second consumer of a tensor must find the Q the firs
 
 from __future__ import annotations
 
+from typing import Iterable
+
 import numpy as np
 import onnx_graphsurgeon as gs
 from onnx import helper
 
 from qdq.dtypes import quant_type
-from qdq.quant_index import DEQUANTIZE, QDQ_DOMAINS, QUANTIZE
+from qdq.quant_index import DEQUANTIZE, QDQ_DOMAINS, QUANTIZE, resolve_constant
 from qdq.requantize import describe
 from qdq.rounding import RoundingCost, along, quantize
 from qdq.rule import Change, CheckContext
@@ -51,20 +54,48 @@ def read_through(ctx: CheckContext, consumer: gs.Node, slot: int, quantize: gs.N
     return Change(code, consumer.name, tensor.name, "float", f"DQ({quantize.name})", reason)
 
 
-def quantize_hint(ctx: CheckContext, tensor: gs.Tensor) -> tuple[bool, str]:
-    """Whether a float tensor can get a Q, and how (for a finding's message): its existing Q,
-    the calibration data, or neither, in which case the fix needs data."""
+def quantize_hint(ctx: CheckContext, tensor: gs.Tensor, movers: Iterable[str] = ()) -> tuple[bool, str]:
+    """Whether a float tensor can get a Q, and how (for a finding's message): its existing Q, the Q
+    its values reach through `movers`, the calibration data, or none, in which case the fix needs data."""
     quantize = existing_quantize(tensor)
     if quantize is not None:
         return True, f"; it already has {quantize.name} ({describe_quantize(quantize)}) for another consumer"
+    quantize = downstream_quantize(tensor, movers)
+    if quantize is not None:
+        return True, f"; it reaches {quantize.name} ({describe_quantize(quantize)}) unchanged, whose grid it can take"
     if ctx.ranges is not None and tensor.name in ctx.ranges:
         return True, "; its scale will come from the calibration data"
     return False, "; no Q/DQ for it exists in the graph, so the scale needs data (run `qdq fix --calibrate FILE.npz` to measure it)"
 
 
-def quantize_for(ctx: CheckContext, tensor: gs.Tensor, dtype: str) -> gs.Node | None:
-    """The Q a float tensor should be read through: its existing one, else a new one from calibration data."""
-    return existing_quantize(tensor) or calibrated_quantize(ctx, tensor, dtype)
+def quantize_for(ctx: CheckContext, tensor: gs.Tensor, dtype: str, movers: Iterable[str] = ()) -> gs.Node | None:
+    """The Q a float tensor should be read through: its existing one, else a new one with the grid of the
+    Q its values reach through `movers`, else a new one from calibration data."""
+    existing = existing_quantize(tensor)
+    if existing is not None:
+        return existing
+    downstream = downstream_quantize(tensor, movers)
+    if downstream is not None:
+        return _new_quantize(ctx, tensor, downstream.inputs[1:], dict(downstream.attrs), downstream.outputs[0].dtype)
+    return calibrated_quantize(ctx, tensor, dtype)
+
+
+def downstream_quantize(tensor: gs.Tensor, movers: Iterable[str]) -> gs.Node | None:
+    """The per-tensor Q that alone reads what a chain of single-consumer `movers` makes of `tensor`.
+
+    Those ops only move, repeat or select values (a Resize only in mode nearest), so quantizing
+    `tensor` on that Q's grid gives the very integers the Q makes after them: a scale without data.
+    """
+    movers = set(movers)
+    while len(tensor.outputs) == 1:
+        node = tensor.outputs[0]
+        if node.op == QUANTIZE and node.domain in QDQ_DOMAINS and node.inputs[0] is tensor and _per_tensor(node):
+            return node
+        moves = node.op in movers and (node.op != "Resize" or node.attrs.get("mode", "nearest") == "nearest")
+        if not moves or not node.outputs or node.inputs[0] is not tensor:
+            return None
+        tensor = node.outputs[0]
+    return None
 
 
 def calibrated_quantize(ctx: CheckContext, tensor: gs.Tensor, dtype: str) -> gs.Node | None:
@@ -73,12 +104,17 @@ def calibrated_quantize(ctx: CheckContext, tensor: gs.Tensor, dtype: str) -> gs.
         return None
     low, high = ctx.ranges[tensor.name]
     scale, zero_point = range_params(low, high, dtype)
-    out = gs.Variable(ctx.new_name(f"{tensor.name}_quantized"), dtype=np.dtype(dtype), shape=tensor.shape)
-    quantize = gs.Node(QUANTIZE, ctx.new_name(f"{tensor.name}_QuantizeLinear"), inputs=[
-        tensor,
+    return _new_quantize(ctx, tensor, [
         gs.Constant(ctx.new_name(f"{tensor.name}_scale"), np.asarray(scale, dtype=float_type(tensor))),
         gs.Constant(ctx.new_name(f"{tensor.name}_zero_point"), np.asarray(zero_point).astype(dtype)),
-    ], outputs=[out])
+    ], {}, np.dtype(dtype))
+
+
+def _new_quantize(ctx: CheckContext, tensor: gs.Tensor, params: list[gs.Tensor], attrs: dict, dtype) -> gs.Node:
+    """A Q of `tensor` with these scale and zero-point tensors (integers of `dtype`), added to the graph."""
+    out = gs.Variable(ctx.new_name(f"{tensor.name}_quantized"), dtype=dtype, shape=tensor.shape)
+    quantize = gs.Node(QUANTIZE, ctx.new_name(f"{tensor.name}_QuantizeLinear"), inputs=[tensor, *params],
+                       outputs=[out], attrs=attrs)
     ctx.graph.nodes.append(quantize)
     return quantize
 
@@ -153,7 +189,10 @@ def _per_tensor(quantize: gs.Node) -> bool:
 
 
 def _constant_values(tensor: gs.Tensor | None) -> np.ndarray | None:
-    return np.asarray(tensor.values) if isinstance(tensor, gs.Constant) else None
+    """A constant's values, also when a Constant node or an Identity/Cast chain holds it (PyTorch's
+    convert_fx writes Q parameters so, until QDQ2xx turns them into initializers)."""
+    source = resolve_constant(tensor) if tensor is not None else None
+    return np.asarray(source.constant.values) if source is not None else None
 
 
 def _dequantizes_of(quantize: gs.Node) -> list[gs.Node]:

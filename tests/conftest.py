@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import platform
 import sys
 from pathlib import Path
 
@@ -46,6 +47,29 @@ def run_ort(path: Path, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
     session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
     return session.run(None, feeds)
+
+
+def run_optimized(path: Path, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
+    """Run as users do, with every graph optimisation on (fused integer kernels)."""
+    options = ort.SessionOptions()
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    options.log_severity_level = 3
+    return ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"]).run(None, feeds)
+
+
+def saturation_not_shown() -> str | None:
+    """Why onnxruntime's u8×s8 kernels would not saturate on this CPU, or None where they do (x86 AVX2, no VNNI)."""
+    if platform.machine().lower() not in ("x86_64", "amd64"):
+        return f"{platform.machine()} is not x86: its u8×s8 kernels do not use pmaddubsw"
+    try:
+        flags = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return "no /proc/cpuinfo to read the CPU flags from"
+    if "vnni" in flags or "amx_int8" in flags:
+        return "the CPU has VNNI: onnxruntime sums u8×s8 products in 32 bits"
+    if "avx2" not in flags:
+        return "no AVX2: onnxruntime takes another u8×s8 kernel"
+    return None
 
 
 def fix_roundtrip(path: Path, code: str, tmp_path: Path, feeds: dict[str, np.ndarray]):

@@ -77,7 +77,7 @@ def test_demo_advice_for_ort_is_what_fix_does():
 
     assert all(f.fix is not None for f in findings)
     assert not any("--calibrate" in f.message for f in findings)
-    assert {f.code for f in findings} == set(result.by_rule()) == {"QDQ204", "QDQ505", "QDQ507"}
+    assert {f.code for f in findings} == set(result.by_rule()) == {"QDQ204", "QDQ505", "QDQ507", "QDQ508"}
     assert result.result.findings == []
 
 

@@ -24,7 +24,6 @@ def load_benchmark():
 
 def test_ort_speed_tiny_run(tmp_path, capsys, monkeypatch):
     benchmark = load_benchmark()
-    monkeypatch.setattr(benchmark, "CALIBRATION_ROWS", 1)
     monkeypatch.setattr(benchmark, "WARMUP_RUNS", 1)
     load_data = benchmark.networks.load_data
 

@@ -18,7 +18,7 @@ import onnx
 import onnxruntime as ort
 import pytest
 from builders import GraphBuilder
-from conftest import run_ort
+from conftest import run_optimized, run_ort, saturation_not_shown
 from onnx import numpy_helper
 
 from qdq.errors import RuleSetError
@@ -292,7 +292,7 @@ def test_qdq507_moves_the_zero_point_and_the_pool_output_with_it(tmp_path):
     (0, np.int8, "Relu", 0.0, True),        # int8 symmetric: -128 is the minimum
     (128, np.uint8, "Clip", 0.0, True),
     (128, np.uint8, "Clip", 0.02, True),    # rounds to step 0 on a 0.05 grid
-    (128, np.uint8, "Clip", 0.5, False),    # a Clip at 0.5 can never be absorbed
+    (128, np.uint8, "Clip", 0.5, True),     # not absorbed, but never below 0.5: zp 0 loses nothing
 ])
 def test_qdq507_when_it_applies(tmp_path, zp, dtype, activation, clip_min, expected):
     model = load(relu_pool(zp, dtype, activation=activation, clip_min=clip_min), tmp_path)
@@ -300,10 +300,10 @@ def test_qdq507_when_it_applies(tmp_path, zp, dtype, activation, clip_min, expec
 
 
 def test_qdq507_leaves_a_differently_quantized_pool_output_to_qdq402(tmp_path):
-    """The pool output has its own scale: QDQ507 moves the Relu value, QDQ402 aligns, the driver settles."""
+    """The pool output has its own scale: QDQ507 moves both values (a MaxPool of values never below 0 is never
+    below 0), each with its own scale; QDQ402 aligns them, the driver settles."""
     model = load(relu_pool(pool_scale=0.1), tmp_path)
-    [finding] = found(model, "QDQ507")
-    assert finding.tensors == ("r",)
+    assert [f.tensors for f in found(model, "QDQ507")] == [("r",), ("p",)]
     result = fix(model, ORT)
     assert result.converged and not [f for f in result.result.findings if f.code in ("QDQ402", "QDQ507")]
     path = tmp_path / "fixed.onnx"
@@ -315,8 +315,9 @@ def test_qdq507_leaves_a_differently_quantized_pool_output_to_qdq402(tmp_path):
 
 def test_qdq507_through_parameter(tmp_path):
     model = load(relu_pool(), tmp_path)
-    [finding] = found(model, "QDQ507", with_params("QDQ507", tmp_path, "through = []"))
-    assert finding.tensors == ("r",)
+    # Without MaxPool in `through` the pool output is not moved with the Relu value but on its own bound.
+    findings = found(model, "QDQ507", with_params("QDQ507", tmp_path, "through = []"))
+    assert [f.tensors for f in findings] == [("r",), ("p",)]
 
 
 def test_qdq507_with_qdq402_in_the_full_ort_fix(tmp_path):
@@ -383,6 +384,31 @@ def test_qdq804_without_a_q_or_at_a_graph_output_is_not_fixable(tmp_path):
     assert no_q.fix is None and "needs data" in no_q.message
     [output] = found(load(conv_with_side_consumer(graph_output=True), tmp_path, "b.onnx"), "QDQ804")
     assert output.fix is None and "graph output" in output.message
+
+
+def upsampled_conv(mode: str) -> GraphBuilder:
+    """DQ → Conv → Resize(2×, `mode`) → Q → DQ → y: the conv output reaches a Q only through the Resize."""
+    b = GraphBuilder()
+    x = act(b, b.input("x", [1, 2, 4, 4]), "in", zp=128, dtype=np.uint8)
+    conv = b.node("Conv", [x, conv_weight(b, "w", (3, 2, 1, 1))], ["c"], name="conv")
+    up = b.node("Resize", [conv, "", b.init("scales", f32([1, 1, 2, 2]))], ["up"], name="up", mode=mode)
+    b.output(act(b, up, "out", 0.1, 128, np.uint8), [1, 3, 8, 8])
+    return b
+
+
+def test_qdq804_gives_an_output_the_grid_of_the_q_after_a_nearest_resize(tmp_path):
+    """Quantizing before a nearest Resize on the grid of the Q after it changes no integer: data-free and exact."""
+    model = load(upsampled_conv("nearest"), tmp_path)
+    [finding] = found(model, "QDQ804")
+    assert finding.fix is not None and "out_q" in finding.message
+    changes, path = fix_rule(model, "QDQ804", tmp_path)
+    assert [c.code for c in changes] == ["QDQ804"] and optimized_ops(path)["QLinearConv"] == 1
+    x = rand(1, 2, 4, 4)
+    (before,), (after,) = run_ort(tmp_path / "model.onnx", {"x": x}), run_ort(path, {"x": x})
+    assert np.array_equal(before, after)
+    # A linear Resize mixes values: the grid after it says nothing certain about the values before it.
+    [linear] = found(load(upsampled_conv("linear"), tmp_path, "linear.onnx"), "QDQ804")
+    assert linear.fix is None and "needs data" in linear.message
 
 
 def test_qdq804_negative(tmp_path):
@@ -540,25 +566,27 @@ def test_float_output_without_a_q_is_fixed_from_calibration_data(tmp_path):
 
 # --- QDQ508 saturating-weight-type ------------------------------------------------------------------
 
-HEADROOM = ORT.rules["QDQ508"].params["headroom"]
 PAIR_LIMIT = ORT.rules["QDQ508"].params["pair_limit"]
-# The test conv's largest adjacent pair is 127 + 127: it overflows from this input zero-point on.
-FIRST_SATURATING_ZP = PAIR_LIMIT // 254 + 1 - HEADROOM
+# The largest pair of equal weights that 255 · (w + w) keeps inside the 16-bit range: 64.
+LARGEST_SAFE = PAIR_LIMIT // 255 // 2
 
 
-def saturating_conv(zp=128, in_type=np.uint8, weight="stored", axis=None, shared=False, top=127) -> GraphBuilder:
+def saturating_conv(zp=128, in_type=np.uint8, weight="stored", axis=None, shared=False, top=127,
+                    second=None) -> GraphBuilder:
     """DQ(x, 0.01, zp) → Conv ← DQ(int8 weight, `top` but one -128 in the first channel) → Q → DQ → y.
 
-    `weight` "stored" keeps the integers `w_int` in the model, "float" quantizes `w_float` with
+    `second` gives a second output channel these weights. `weight` "stored" keeps the integers `w_int` in the model, "float" quantizes `w_float` with
     Q `w_q` as FX exports it; `axis` makes it per-channel (2 output channels). With `shared`, a
     second Conv, whose input has zero-point 0, reads the same weight through its own DQ `w2_dq`.
     """
     b = GraphBuilder()
     x = act(b, b.input("x", [1, 4, 2, 2]), "in", 0.01, zp, in_type)
     scale = f32(0.01 if axis is None else [0.01, 0.02])
-    cout = scale.size
+    cout = 2 if second is not None else scale.size
     integers = np.full((cout, 4, 1, 1), top, np.int8)
     integers[0, 0] = -128
+    if second is not None:
+        integers[1:] = second
     attrs = {"axis": axis} if axis is not None else {}
     params = [b.init("w_scale", scale), b.init("w_zp", np.zeros(scale.shape, np.int8))]
     if weight == "float":
@@ -575,66 +603,44 @@ def saturating_conv(zp=128, in_type=np.uint8, weight="stored", axis=None, shared
     return b
 
 
-def run_optimized(path: Path, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
-    options = ort.SessionOptions()
-    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-    options.log_severity_level = 3
-    return ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"]).run(None, feeds)
-
-
-def saturation_not_shown() -> str | None:
-    """Why onnxruntime's u8×s8 kernels would not saturate on this CPU, or None where they do (x86 AVX2, no VNNI)."""
-    import platform
-
-    if platform.machine().lower() not in ("x86_64", "amd64"):
-        return f"{platform.machine()} is not x86: its u8×s8 kernels do not use pmaddubsw"
-    try:
-        flags = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return "no /proc/cpuinfo to read the CPU flags from"
-    if "vnni" in flags or "amx_int8" in flags:
-        return "the CPU has VNNI: onnxruntime sums u8×s8 products in 32 bits"
-    if "avx2" not in flags:
-        return "no AVX2: onnxruntime takes another u8×s8 kernel"
-    return None
-
-
 def test_qdq508_runs_last_in_the_ort_fix_order():
     order = [rule.code for rule, _ in ORT.fix_sequence()]
     assert order.index("QDQ508") > max(order.index("QDQ505"), order.index("QDQ507"), order.index("QDQ804"))
-    assert all_rules()["QDQ508"].fix_safety == FixSafety.EXACT
+    assert order.index("QDQ507") < order.index("QDQ508")  # it reads the zero-points QDQ507 moved
+    assert all_rules()["QDQ508"].fix_safety == FixSafety.APPROXIMATE  # 7-bit by default; "uint8" is exact
 
 
 @pytest.mark.parametrize(("zp", "in_type", "top", "expected"), [
-    (FIRST_SATURATING_ZP - 1, np.uint8, 127, False),  # 254 · (zp + headroom) ≤ 32767: left int8 (the fast kernel)
-    (FIRST_SATURATING_ZP, np.uint8, 127, True),       # one step more overflows
-    (0, np.uint8, 127, False),                        # after a Relu
-    (128, np.uint8, 100, False),                      # smaller weights: 200 · (128 + headroom) fits
-    (0, np.int8, 127, True),                          # a symmetric int8 input sits 128 above its minimum
+    (128, np.uint8, 127, True),                # 255 · (127 + 127) > 32767
+    (0, np.uint8, 127, True),                  # after a Relu too: a large input can still meet both weights
+    (0, np.int8, 127, True),                   # an int8 input reaches the kernel as uint8, 128 higher
+    (128, np.uint8, LARGEST_SAFE, False),      # 255 · 128 = 32640 fits whatever the input
+    (128, np.uint8, LARGEST_SAFE + 1, True),
 ])
 def test_qdq508_when_a_weight_pair_can_overflow(tmp_path, zp, in_type, top, expected):
     findings = found(load(saturating_conv(zp, in_type, top=top), tmp_path), "QDQ508")
     assert bool(findings) == expected
     if expected:
         [finding] = findings
-        assert finding.node == "w_dq" and finding.values["pair"] == 254
-        assert finding.values["offset"] == zp - np.iinfo(in_type).min
+        assert finding.node == "w_dq" and finding.values["pair"] == 2 * top
 
 
 def test_qdq508_parameters(tmp_path):
     model = load(saturating_conv(zp=128), tmp_path)
-    assert found(model, "QDQ508", with_params("QDQ508", tmp_path, "headroom = 0\npair_limit = 32512")) == []
-    assert len(found(model, "QDQ508", with_params("QDQ508", tmp_path, "headroom = 0\npair_limit = 32511"))) == 1
+    assert found(model, "QDQ508", with_params("QDQ508", tmp_path, "pair_limit = 64770")) == []  # 255 · 254
+    assert len(found(model, "QDQ508", with_params("QDQ508", tmp_path, "pair_limit = 64769"))) == 1
     assert found(model, "QDQ508", with_params("QDQ508", tmp_path, 'ops = ["Gemm"]')) == []
+    with pytest.raises(RuleSetError):
+        found(model, "QDQ508", with_params("QDQ508", tmp_path, 'weights = "int4"'))
 
 
 @pytest.mark.parametrize("axis", [None, 0])
 @pytest.mark.parametrize("weight", ["stored", "float"])
 def test_qdq508_stores_the_weight_as_uint8_bit_exact(tmp_path, weight, axis):
     model = load(saturating_conv(weight=weight, axis=axis), tmp_path)
-    [finding] = found(model, "QDQ508")
-    assert finding.fix == FixSafety.EXACT
-    changes, path = fix_rule(model, "QDQ508", tmp_path)
+    uint8 = with_params("QDQ508", tmp_path, 'weights = "uint8"')
+    [finding] = found(model, "QDQ508", uint8)
+    changes, path = fix_rule(model, "QDQ508", tmp_path, uint8)
     assert len(changes) == 1
     inits = initializers(path)
     for node in ["w_dq"] + (["w_q"] if weight == "float" else []):
@@ -653,10 +659,11 @@ def test_qdq508_stores_the_weight_as_uint8_bit_exact(tmp_path, weight, axis):
 
 def test_qdq508_gives_shared_integers_a_new_constant(tmp_path):
     model = load(saturating_conv(shared=True), tmp_path)
-    [finding] = found(model, "QDQ508")  # one value, reported once
+    uint8 = with_params("QDQ508", tmp_path, 'weights = "uint8"')
+    [finding] = found(model, "QDQ508", uint8)  # one value, reported once
     original = model.graph.tensors()["w_int"]
     stored = original.values.copy()
-    changes, path = fix_rule(model, "QDQ508", tmp_path)
+    changes, path = fix_rule(model, "QDQ508", tmp_path, uint8)
     assert original.values.dtype == np.int8 and np.array_equal(original.values, stored)  # never edited in place
     graph = onnx.load(str(path)).graph
     readers = {n.name: n.input[0] for n in graph.node if n.name in ("w_dq", "w2_dq")}
@@ -669,7 +676,7 @@ def test_qdq508_gives_shared_integers_a_new_constant(tmp_path):
 
 def test_qdq508_fixed_conv_fuses_and_does_not_saturate(tmp_path):
     model = load(saturating_conv(), tmp_path)
-    _, path = fix_rule(model, "QDQ508", tmp_path)
+    _, path = fix_rule(model, "QDQ508", tmp_path, with_params("QDQ508", tmp_path, 'weights = "uint8"'))
     assert optimized_ops(path)["QLinearConv"] == 1
     reason = saturation_not_shown()
     if reason:
@@ -680,3 +687,68 @@ def test_qdq508_fixed_conv_fuses_and_does_not_saturate(tmp_path):
     (saturated,), (fixed,) = run_optimized(tmp_path / "model.onnx", feeds), run_optimized(path, feeds)
     assert np.allclose(exact, 3.2)  # 1.27 · 0.01 · (3 · 127 - 128) = 3.21 on the output's 0.1 grid
     assert np.all(np.abs(saturated - exact) > 1.0) and np.array_equal(fixed, exact)
+
+
+@pytest.mark.parametrize("axis", [None, 0])
+@pytest.mark.parametrize("weight", ["stored", "float"])
+def test_qdq508_narrows_the_channels_at_risk_just_enough(tmp_path, weight, axis):
+    model = load(saturating_conv(weight=weight, axis=axis), tmp_path)
+    [finding] = found(model, "QDQ508")
+    assert finding.fix == FixSafety.APPROXIMATE and "narrower int8" in finding.message
+    [change], path = fix_rule(model, "QDQ508", tmp_path)
+    assert "no 16-bit pair sum can saturate" in change.description
+    scale, zero_point = node_params(path, "w_dq")
+    # 127 + 127 becomes 64 + 64 = 128, the largest pair that fits, on a grid 127/64 coarser.
+    assert zero_point.dtype == np.int8 and np.all(zero_point == 0)
+    assert np.allclose(scale, f32(0.01 if axis is None else [0.01, 0.02]) * 127 / LARGEST_SAFE)
+    assert found(load_model(path), "QDQ508") == []
+    assert optimized_ops(path)["QLinearConv"] == 1
+    # Inputs of 1.27 are integers 255: every pair fits, and the fused kernel agrees with the unfused one.
+    feeds = {"x": np.full((1, 4, 2, 2), 1.27, np.float32)}
+    (unfused,), (fused,) = run_ort(path, feeds), run_optimized(path, feeds)
+    assert np.array_equal(unfused, fused)
+
+
+def test_qdq508_leaves_the_channels_not_at_risk_on_their_grid(tmp_path):
+    """A per-tensor weight whose second output channel cannot saturate becomes per-channel: only the first moves."""
+    model = load(saturating_conv(second=40), tmp_path)
+    [finding] = found(model, "QDQ508")
+    assert (finding.values["channels"], finding.values["outputs"]) == (1, 2)
+    _, path = fix_rule(model, "QDQ508", tmp_path)
+    scale, _ = node_params(path, "w_dq")
+    assert np.allclose(scale, f32([0.01 * 127 / LARGEST_SAFE, 0.01]))
+    x = rand(1, 4, 2, 2, scale=0.8)
+    (before,), (after,) = run_ort(tmp_path / "model.onnx", {"x": x}), run_ort(path, {"x": x})
+    assert np.array_equal(before[:, 1], after[:, 1])
+
+
+def test_qdq508_leaves_depthwise_convs_alone(tmp_path):
+    """onnxruntime's depthwise kernel (one input and one output channel per group) does not add products in pairs:
+    on this CPU 255 · 127 · 2 comes out whole, fused or not."""
+    b = GraphBuilder()
+    x = act(b, b.input("x", [1, 4, 4, 4]), "in", 0.01, 128, np.uint8)
+    params = [b.init("w_scale", f32(0.01)), b.init("w_zp", np.int8(0))]
+    w = b.node("DequantizeLinear", [b.init("w_int", np.full((4, 1, 3, 3), 127, np.int8)), *params], ["w_deq"],
+               name="w_dq")
+    b.output(act(b, b.node("Conv", [x, w], ["c"], group=4), "out", 0.1, 0, np.uint8), [1, 4, 2, 2])
+    model = load(b, tmp_path)
+    assert found(model, "QDQ508") == [] and optimized_ops(tmp_path / "model.onnx")["QLinearConv"] == 1
+    feeds = {"x": np.full((1, 4, 4, 4), 1.27, np.float32)}  # integers 255
+    (unfused,), (fused,) = run_ort(tmp_path / "model.onnx", feeds), run_optimized(tmp_path / "model.onnx", feeds)
+    assert np.array_equal(unfused, fused)
+
+
+def test_qdq508_stores_a_one_channel_conv_as_uint8(tmp_path):
+    """A Conv reading a grey image (`uint8_channels` = 1 in ort) keeps its grid: uint8, exact."""
+    b = GraphBuilder()
+    x = act(b, b.input("x", [1, 1, 4, 4]), "in", 0.01, 128, np.uint8)
+    params = [b.init("w_scale", f32(0.01)), b.init("w_zp", np.int8(0))]
+    w = b.node("DequantizeLinear", [b.init("w_int", np.full((2, 1, 3, 3), 127, np.int8)), *params], ["w_deq"],
+               name="w_dq")
+    b.output(act(b, b.node("Conv", [x, w], ["c"]), "out", 0.1, 0, np.uint8), [1, 2, 2, 2])
+    model = load(b, tmp_path)
+    [finding] = found(model, "QDQ508")
+    assert finding.values["expected"] == "uint8"
+    _, path = fix_rule(model, "QDQ508", tmp_path)
+    scale, zero_point = node_params(path, "w_dq")
+    assert zero_point.dtype == np.uint8 and scale == f32(0.01)

@@ -6,10 +6,11 @@
 - batchnorm: QDQ204, BatchNormalization or constant scaling left between a quantized conv and its Q
 - alignment: QDQ4xx, values that must share one scale (Concat, pools, shape ops)
 - formats: QDQ5xx, the types and scale forms a target accepts (power-of-two, per-tensor, symmetric)
+- lower_bounds: QDQ507, the zero-point of a one-sided activation at its data-free lower bound
 - shifts: QDQ601-605, 607, 608, the NPU's shift limits between fix positions
 - bias: QDQ606, integer bias at input scale × weight scale; QDQ609, a bias the target wants float
 - dpu: QDQ7xx, fixed DPU numerics the float model does not reproduce
-- float_by_design: QDQ808-809, what NVIDIA's tools keep float for TensorRT (small GEMMs, graph outputs)
+- float_by_design: QDQ808-810, what NVIDIA's tools keep float for TensorRT (small GEMMs, graph outputs, Q/DQ before float ops)
 - placement: QDQ801-803, Q/DQ placement around the ops a target fuses (float inputs, residual Adds)
 - node_units: QDQ804-805, ops with dequantized inputs whose output has no Q (onnxruntime node units)
 - reduced_range: QDQ509, a Clip on the integers between Q and DQ (PyTorch's reduced-range quantizer)
@@ -17,6 +18,6 @@
 """
 
 from qdq.checks import (  # noqa: F401
-    alignment, artefacts, batchnorm, bias, dpu, float_by_design, formats, node_units, pairing, placement, qparams, reduced_range, shifts,
-    weight_type,
+    alignment, artefacts, batchnorm, bias, dpu, float_by_design, formats, lower_bounds, node_units, pairing,
+    placement, qparams, reduced_range, shifts, weight_type,
 )

@@ -17,7 +17,7 @@ from qdq import pow2
 from qdq.dtypes import DEQUANTIZE_ONLY, QuantType, quant_type, type_name
 from qdq.errors import RuleSetError
 from qdq.checks.reduced_range import clip_bounds
-from qdq.operands import ACTIVATION, BIAS, WEIGHT, WEIGHT_INPUT, output_channel_axis, output_value, role, scale_of
+from qdq.operands import ACTIVATION, BIAS, WEIGHT, WEIGHT_INPUT, output_channel_axis, role
 from qdq.quant_index import PER_AXIS, PER_TENSOR, QUANTIZE, QParams, QTensor, is_uniform
 from qdq.requantize import describe, effective_values, set_params, why_type_is_fixed
 from qdq.rule import Change, CheckContext, Finding, FixSafety, Rule, Severity, register
@@ -572,96 +572,3 @@ def _weight_readers(ctx: CheckContext, qt: QTensor) -> list:
             if slot is not None and slot < len(consumer.inputs) and ctx.index.dequantize_feeding(consumer.inputs[slot]) is dq:
                 readers.append(consumer)
     return readers
-
-
-@register
-class ClippedZeroPoint(Rule):
-    """The Q after a Relu (or a Clip at 0) should use the type minimum as zero-point.
-
-    Why: values after a Relu are never negative, so with zp 128 (uint8) or 0 (int8) half the
-    integer range is never used. onnxruntime also absorbs the Relu into the integer op before
-    it only when zp is the type minimum (0 for uint8, -128 for int8); otherwise Conv → Relu → Q
-    and Add → Relu → Q stay float (a QAT classifier: 5 of 14 convs fused with zp 128, 14 of 14
-    with zp 0, 2.3x faster). A Clip is absorbed when its range covers the Q's (its min must
-    round to 0).
-
-    Example: `Relu → Q(s=0.05, zp=128 uint8)`. The fix sets zp 0 with the same scale on the Q
-    and its DQs, and on every value that shares those parameters through ops that only move
-    values (`through`: MaxPool, Reshape, ...), so QDQ402 does not see a mismatch. Numbers
-    below the old representable maximum (127 · 0.05) are on the same grid as before; only
-    values the old grid saturated change, now represented up to 255 · 0.05. Approximate.
-    """
-
-    code = "QDQ507"
-    name = "clipped-zero-point"
-    message = "{tensor} after {op} {activation} has zero-point {zero_point}; the type minimum {expected} would let the {op} fuse"
-    severity = Severity.WARNING
-    fix_safety = FixSafety.APPROXIMATE
-    edits_graph = False
-    parameters = {
-        "ops": ["Relu", "Clip"],
-        "through": ["MaxPool", "Reshape", "Transpose", "Squeeze", "Unsqueeze", "Flatten", "Slice", "Resize"],
-    }
-
-    def check(self, ctx: CheckContext) -> Iterable[Finding]:
-        ops = set(ctx.params["ops"])
-        for node in ctx.graph.nodes:
-            if node.op not in ops or not node.outputs:
-                continue
-            for consumer, _ in ctx.index.consumers_through(node.outputs[0]):
-                qt = ctx.index.qtensor_of(consumer) if consumer.op == QUANTIZE else None
-                if qt is None or qt.quantize is not consumer or scale_of(ctx.index, qt) is None:
-                    continue
-                params = ctx.index.params(consumer)
-                qtype = params.qtype
-                zero_point = float(params.zero_point.ravel()[0])
-                if qtype is None or qtype.is_float or zero_point == qtype.qmin:
-                    continue
-                if node.op == "Clip" and not _clips_at_zero(ctx, node, scale_of(ctx.index, qt)):
-                    continue
-                group = _zero_point_group(ctx, qt, ctx.params["through"])
-                fixable = all(not ctx.index.is_graph_output(m.integer) and scale_of(ctx.index, m) for m in group)
-                yield self.finding(ctx, consumer, [ctx.value_name(m) for m in group], subject=group,
-                                   fixable=fixable, tensor=ctx.value_name(qt), op=node.op, activation=node.name,
-                                   zero_point=int(zero_point), expected=int(qtype.qmin))
-
-    def fix(self, ctx: CheckContext, finding: Finding) -> list[Change]:
-        changes: list[Change] = []
-        for member in finding.subject:
-            params = ctx.index.params(member.nodes[0])
-            qtype, scale = params.qtype, float(params.scale.ravel()[0])
-            zero_point = float(params.zero_point.ravel()[0])
-            old_max, new_max = (qtype.qmax - zero_point) * scale, (qtype.qmax - qtype.qmin) * scale
-            reason = (f"zero-point at the type minimum after {finding.values['op']} {finding.values['activation']}: "
-                      f"representable maximum {old_max:.6g} → {new_max:.6g}; only values the old grid saturated "
-                      f"(above {old_max:.6g}) change")
-            for change in set_params(ctx, member, params.scale, self.code, reason, zero_point=qtype.qmin):
-                change.values.update(old_max=old_max, new_max=new_max)
-                changes.append(change)
-        return changes
-
-
-def _clips_at_zero(ctx: CheckContext, clip, scale: float) -> bool:
-    """Whether a Clip's lower bound is 0 on this grid (min >= 0 and rounding to step 0)."""
-    low = clip_bounds(ctx, clip)[0]
-    return low is not None and low >= 0 and np.rint(low / scale) == 0
-
-
-def _zero_point_group(ctx: CheckContext, qt: QTensor, through: Iterable[str]) -> list[QTensor]:
-    """The value and every value downstream that an op in `through` makes from it with the same parameters."""
-    through = set(through)
-    first = ctx.index.params(qt.nodes[0])
-    group, pending = [qt], [qt]
-    while pending:
-        value = pending.pop()
-        for dq in value.dequantizes:
-            for consumer, _ in ctx.index.consumers_through(dq.outputs[0]):
-                if consumer.op not in through or ctx.index.dequantize_feeding(consumer.inputs[0]) is not dq:
-                    continue
-                follower = output_value(ctx.index, consumer)
-                if follower is None or any(follower is m for m in group):
-                    continue
-                if first.same_values(ctx.index.params(follower.nodes[0])):
-                    group.append(follower)
-                    pending.append(follower)
-    return group

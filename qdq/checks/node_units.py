@@ -67,8 +67,11 @@ class FloatOutput(Rule):
 
     Example: `DQ → Conv → {Q → DQ → Conv2, Sigmoid}`: the Sigmoid reads the float output. The
     fix makes the Sigmoid read the DQ of the Q the output already has (data-free), so the Conv
-    unit fuses; the Sigmoid now sees the rounded values. Approximate. An output with no Q at
-    all needs a scale from data; a graph output is left alone.
+    unit fuses; the Sigmoid now sees the rounded values. Approximate. An output whose values
+    reach a Q unchanged through ops in `movers` (Reshape, a nearest Resize, ...; each the only
+    reader of what it reads) takes that Q's grid, without data: `Mul → Resize → Q` becomes
+    `Mul → Q' → DQ' → Resize → Q`, and the Q after the Resize gives the same integers as before.
+    Any other output with no Q needs a scale from data; a graph output is left alone.
 
     Outputs another rule resolves without data are that rule's finding, reported once: a conv
     output feeding a BatchNormalization or constant scaling that QDQ204 folds into the conv
@@ -84,6 +87,7 @@ class FloatOutput(Rule):
     parameters = {
         "ops": ["Conv", "ConvTranspose", "Gemm", "Add", "Mul", "Concat", "AveragePool", "GlobalAveragePool"],
         "through": ["Relu", "Clip"],
+        "movers": [],
         "calibrated_type": "uint8",
         **DEFERRED_PARAMETERS,
     }
@@ -107,7 +111,7 @@ class FloatOutput(Rule):
                 if output:
                     fixable, problem, how = False, "is a graph output", ""
                 else:
-                    fixable, how = quantize_hint(ctx, site)
+                    fixable, how = quantize_hint(ctx, site, ctx.params["movers"])
                     problem = f"feeds {', '.join(sorted({c.name for c in floats}))} in float"
                 yield self.finding(ctx, node, [site], subject=site, fixable=fixable,
                                    op=node.op, tensor=site.name, problem=problem, how=how)
@@ -122,7 +126,7 @@ class FloatOutput(Rule):
 
     def fix(self, ctx: CheckContext, finding: Finding) -> list[Change]:
         site = finding.subject
-        quantize = quantize_for(ctx, site, ctx.params["calibrated_type"])
+        quantize = quantize_for(ctx, site, ctx.params["calibrated_type"], ctx.params["movers"])
         if quantize is None:
             return []
         changes = []

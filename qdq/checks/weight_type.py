@@ -1,10 +1,11 @@
-"""QDQ508: int8 weights whose products with the input can overflow a 16-bit pair-sum kernel.
+"""QDQ508: int8 weights whose products with some input can overflow a 16-bit pair-sum kernel.
 
 Some integer kernels multiply unsigned 8-bit inputs by signed 8-bit weights and add each pair of
 products in saturating 16-bit arithmetic before widening (x86 `pmaddubsw`: onnxruntime's u8×s8
-kernels on CPUs without VNNI). Storing the weight as uint8 instead (integers and zero-point
-+ 128, an exact rewrite) selects u8×u8 kernels, which widen first but run slower, so the rule
-set bounds where the rewrite is worth it: the input's zero-point and the weights decide.
+kernels on CPUs without VNNI). Whether a pair can overflow is decided for every input the
+kernel can be given, so a fixed weight can never saturate: either its output channels at risk
+get a narrower grid (at worst 7 bits: 2 · 255 · 63 = 32130 fits), or it is stored as uint8,
+which selects u8×u8 kernels that widen first but run slower.
 """
 
 from __future__ import annotations
@@ -15,96 +16,170 @@ import numpy as np
 from onnx import TensorProto
 
 from qdq.dtypes import type_name
-from qdq.operands import WEIGHT_INPUT, input_value
+from qdq.errors import RuleSetError
+from qdq.operands import WEIGHT_INPUT, input_value, output_channel_axis
 from qdq.quant_index import PER_TENSOR, QParams, QTensor, resolve_constant, source_values
 from qdq.requantize import set_params, why_type_is_fixed
 from qdq.rule import Change, CheckContext, Finding, FixSafety, Rule, Severity, register
 
-# The rewrite: int8 weights become uint8, the same grid 128 higher.
+# The uint8 rewrite: int8 weights become uint8, the same grid 128 higher.
 _FROM, _TO, _SHIFT = TensorProto.INT8, TensorProto.UINT8, 128
+# The narrowest grid the narrowing fix needs, |w| ≤ 63: 2 · 255 · 63 = 32130 never saturates.
+_SEVEN_BIT = 63
+_FIXES = ("7-bit", "uint8")
+# DequantizeLinear takes per-axis scales from opset 13 on.
+_PER_AXIS_OPSET = 13
+# What the kernel multiplies the weights by: any uint8 (an int8 input is moved up by 128 first).
+_INPUT_MAX = 255
 
 
 @register
 class SaturatingWeightType(Rule):
-    """Int8 weights that can overflow a 16-bit pair sum with their input should be stored as uint8.
+    """Int8 weights whose adjacent pair can overflow a 16-bit sum with some input should be narrowed (or uint8).
 
     Why: onnxruntime's u8×s8 kernels on x86 CPUs without VNNI add each pair of input × weight
-    products in 16-bit arithmetic that saturates at 32767 (`pair_limit`). The pairs are weights
-    adjacent along the reduction, in (kernel position, input channel) order with the input
-    channel fastest. The raw uint8 inputs are large when the input's zero-point is: a symmetric
-    input (zero-point 128 after QDQ505) puts every real 0 at 128. The rule reports a weight when
-    its largest same-signed adjacent pair, times the input's zero-point (in steps above the type
-    minimum) plus `headroom` steps, exceeds `pair_limit`. Measured on a ResNet-style digits
-    classifier, the stem Conv (pair 256 at zero-point 128) alone took top-1 from 0.96 to 0.15
-    with graph optimizations on. With uint8 weights onnxruntime runs u8×u8 kernels, which do not
-    saturate but are slower (15-25 % with every Conv rewritten), hence the bound; inputs after a
-    Relu (zero-point 0) stay on the fast kernel. CPUs with VNNI, and ARM, do not saturate:
-    `--ignore QDQ508` there.
+    products in 16-bit arithmetic that saturates at 32767 (`pair_limit`); a saturated sum is a
+    wrong output, not a rounding (a ResNet-style classifier: top-1 0.96 → 0.15). The pairs are
+    weights adjacent along the reduction, in (kernel position, input channel) order with the
+    input channel fastest, as onnxruntime's im2col lays them out (a depthwise Conv, one input and
+    one output channel per group, runs on a kernel without pairs). The rule reports an output
+    channel when, for some raw inputs in 0..255, a pair's sum w1 · x1 + w2 · x2 leaves the 16-bit
+    range: when two adjacent weights of the same sign add up to more than 32767 // 255 = 128 in
+    magnitude. Where the input's values lie does not matter: QDQ507's zero-points put the usual
+    inputs near 0, but a large value can still meet two large weights.
 
-    Example: `DQ(x, s=0.02, zp=128 uint8) → Conv ← DQ(w, s=0.01, zp=0 int8)` with two adjacent
-    weights of 127: 254 · (128 + 20) > 32767. The fix stores the weight as uint8 with zero-point
-    128: stored integers become a new constant w + 128 (a shared initializer is never edited in
-    place); a float weight behind a Q keeps its float values and only the Q/DQ zero-point
-    changes type. Per-channel weights keep their scales. Exact: (w + 128 - 128) · s = w · s.
+    The fix, by parameter `weights`:
+    - "7-bit" (default, x86 without VNNI): each output channel at risk is re-quantized from its
+      effective weights on the finest grid on which no pair can saturate: |w| ≤ k at scale
+      s · 127 / k for the largest such k, 63 (7 bits) at worst. Channels not at risk keep their
+      scale, so a per-tensor weight becomes per-channel (before opset 13, which has no per-axis
+      DQ, the whole weight takes the narrowest grid). The Conv stays on the fast u8×s8
+      kernel; the channels at risk lose at most one bit (approximate; the change report gives
+      the SQNR).
+    - "uint8": the weight is stored as uint8 with zero-point 128: stored integers become a new
+      constant w + 128 (a shared initializer is never edited in place); a float weight behind a
+      Q keeps its float values and only the Q/DQ zero-point changes type. Exact,
+      (w + 128 - 128) · s = w · s, but onnxruntime then runs u8×u8 kernels, 15-25 % slower
+      with every Conv rewritten.
+    Convs with at most `uint8_channels` input channels per group get "uint8" either way: their
+    few weights per output (9 for a 3×3 kernel on a grey image) lose accuracy on a coarser grid
+    (a ResNet-style classifier reading grey digits: top-1 0.96 → 0.92 with one stem channel at
+    7 bits), while their kernel is too small for the slower u8×u8 path to show.
+
+    CPUs with VNNI (AVX-512 VNNI, AVX-VNNI) sum u8×s8 products in 32 bits, and ARM kernels do not
+    saturate: `--ignore QDQ508` there (or `ops = []` in a rules file).
+
+    Example: `DQ(x, uint8) → Conv ← DQ(w, s=0.01, zp=0 int8)` with two adjacent weights of 127 in
+    output channel 0: 255 · 254 > 32767. The 7-bit fix gives channel 0 the scale 0.01 · 127/64
+    (127 → 64, a pair 128 · 255 = 32640 fits) and leaves the other channels at 0.01.
     """
 
     code = "QDQ508"
     name = "saturating-weight-type"
-    message = ("{op} {consumer}: int8 weight {tensor} has adjacent weights summing to {pair}; with input {input} "
-               "at zero-point {zero_point} that is {pair} · ({offset} + {headroom}) > {pair_limit}, so the target "
-               "wants {expected} weights{how}")
+    message = ("{op} {consumer}: int8 weight {tensor} has adjacent weights summing to {pair} in {channels} of "
+               "{outputs} output channels; with an input as large as {input_max} that is {pair} · {input_max} > "
+               "{pair_limit}, so the target wants {expected} weights{how}")
     severity = Severity.WARNING
-    fix_safety = FixSafety.EXACT
+    fix_safety = FixSafety.APPROXIMATE
     edits_graph = False
-    parameters = {"ops": [], "pair_limit": 32767, "headroom": 0}
+    parameters = {"ops": [], "pair_limit": 32767, "weights": "7-bit", "uint8_channels": 0}
 
     def check(self, ctx: CheckContext) -> Iterable[Finding]:
-        ops, limit, headroom = set(ctx.params["ops"]), ctx.params["pair_limit"], ctx.params["headroom"]
+        ops, limit, fix = set(ctx.params["ops"]), ctx.params["pair_limit"], ctx.params["weights"]
+        if fix not in _FIXES:
+            raise RuleSetError(f"{self.code}.weights must be one of {', '.join(_FIXES)}, got {fix!r}")
         reported: set[int] = set()
         for node in ctx.graph.nodes:
             slot = WEIGHT_INPUT.get(node.op)
             if node.op not in ops or slot is None:
                 continue
             activation, weight = input_value(ctx.index, node, 0), input_value(ctx.index, node, slot)
-            if activation is None or weight is None or id(weight) in reported:
+            if activation is None or weight is None or id(weight) in reported or not _eight_bit(ctx, activation):
                 continue
-            offset = _zero_point_offset(ctx, activation)
             params = ctx.index.params(weight.nodes[0])
-            if offset is None or params.dynamic or params.elem_type != _FROM:
+            if params.dynamic or params.elem_type != _FROM:
                 continue
-            integers = _weight_integers(ctx, weight, params)
+            integers = weight_integers(ctx, weight, params)
             if integers is None:
                 continue
-            pair = _largest_adjacent_pair(_reduction_rows(node, integers))
-            if pair * (offset + headroom) <= limit:
+            if _depthwise(node, integers):
+                continue
+            axis = output_channel_axis(node, integers.ndim)
+            pairs = largest_adjacent_pairs(reduction_rows(node, integers))
+            at_risk = pairs * _INPUT_MAX > limit
+            if not at_risk.any():
                 continue
             reported.add(id(weight))
-            reason = why_type_is_fixed(ctx, weight)
-            zero_point = ctx.index.params(activation.nodes[0]).zero_point.ravel()[0]
-            yield self.finding(ctx, weight.nodes[0], [ctx.value_name(weight)], subject=weight,
+            how = "uint8" if fix == "uint8" or _few_channels(node, integers, ctx.params["uint8_channels"]) else "7-bit"
+            reason = why_type_is_fixed(ctx, weight) if how == "uint8" else None
+            if how == "7-bit" and np.any(params.zero_point != 0):
+                reason = "its zero-point is not 0"
+            elif how == "7-bit" and params.scale.size > 1 and axis != params.axis % integers.ndim:
+                reason = f"its scales run along axis {params.axis}, not the output channels"
+            yield self.finding(ctx, weight.nodes[0], [ctx.value_name(weight)],
+                               subject=(weight, node, at_risk, axis, how),
                                fixable=reason is None, op=node.op, consumer=node.name,
-                               tensor=ctx.value_name(weight), input=ctx.value_name(activation), pair=pair,
-                               zero_point=int(zero_point), offset=offset, headroom=headroom, pair_limit=limit,
-                               expected=type_name(_TO), how=f" (not rewritten: {reason})" if reason else "")
+                               tensor=ctx.value_name(weight), pair=int(pairs.max()), channels=int(at_risk.sum()),
+                               outputs=at_risk.size, input_max=_INPUT_MAX, pair_limit=limit,
+                               expected="narrower int8" if how == "7-bit" else type_name(_TO),
+                               how=f" (not rewritten: {reason})" if reason else "")
 
     def fix(self, ctx: CheckContext, finding: Finding) -> list[Change]:
-        weight = finding.subject
+        weight, node, at_risk, axis, how = finding.subject
         params = ctx.index.params(weight.nodes[0])
-        reason = f"int8 → uint8 weights: integers and zero-point move by {_SHIFT}"
-        return set_params(ctx, weight, params.scale, self.code, reason, zero_point=params.zero_point + _SHIFT,
-                          axis=params.axis, elem_type=_TO)
+        if how == "uint8":
+            reason = f"int8 → uint8 weights: integers and zero-point move by {_SHIFT}"
+            return set_params(ctx, weight, params.scale, self.code, reason, zero_point=params.zero_point + _SHIFT,
+                              axis=params.axis, elem_type=_TO)
+        integers = weight_integers(ctx, weight, params)
+        scale = np.broadcast_to(params.scale.astype(np.float64).ravel(), at_risk.shape).copy()
+        real = np.moveaxis(integers, axis, 0).astype(np.float64) * scale.reshape((-1,) + (1,) * (integers.ndim - 1))
+        ranges = []
+        for channel in np.flatnonzero(at_risk):
+            k, scale[channel] = _finest_safe_grid(node, real[channel], scale[channel], ctx.params["pair_limit"], axis)
+            ranges.append(k)
+        if params.scale.size == 1 and ctx.model.opset < _PER_AXIS_OPSET:  # one scale: the narrowest grid for all
+            scale = np.float32(params.scale.ravel()[0] * 127 / min(ranges))
+            reason = (f"narrower weights (|w| ≤ {min(ranges)}, one scale before opset 13): "
+                      "no 16-bit pair sum can saturate")
+            return set_params(ctx, weight, scale, self.code, reason)
+        reason = (f"narrower weights in {len(ranges)} of {at_risk.size} output channels (|w| ≤ {min(ranges)}"
+                  f"{'' if min(ranges) == max(ranges) else f' to {max(ranges)}'}): no 16-bit pair sum can saturate")
+        return set_params(ctx, weight, scale, self.code, reason, axis=axis)
 
 
-def _zero_point_offset(ctx: CheckContext, activation: QTensor) -> int | None:
-    """How many steps a per-tensor integer input's zero-point sits above its type's minimum."""
+def _eight_bit(ctx: CheckContext, activation: QTensor) -> bool:
+    """Whether the input is one 8-bit integer grid, what the u8×s8 kernels read."""
     params = ctx.index.params(activation.nodes[0])
     qtype = params.qtype
-    if params.dynamic or params.granularity != PER_TENSOR or qtype is None or qtype.is_float:
-        return None
-    return int(params.zero_point.ravel()[0] - qtype.qmin)
+    return (not params.dynamic and params.granularity == PER_TENSOR and qtype is not None and not qtype.is_float
+            and qtype.qmax - qtype.qmin == _INPUT_MAX)
 
 
-def _weight_integers(ctx: CheckContext, weight: QTensor, params: QParams) -> np.ndarray | None:
+def _depthwise(node, integers: np.ndarray) -> bool:
+    """A Conv with one input and one output channel per group: onnxruntime runs it on a depthwise kernel
+    that does not add products in pairs (probed with one-hot weight pairs; a channel multiplier of 2 pairs)."""
+    return node.op == "Conv" and integers.shape[1] == 1 and integers.shape[0] == node.attrs.get("group", 1)
+
+
+def _few_channels(node, integers: np.ndarray, most: int) -> bool:
+    """Whether a Conv reads at most `most` input channels per group."""
+    return node.op == "Conv" and integers.shape[1] <= most
+
+
+def _finest_safe_grid(node, real: np.ndarray, scale: float, limit: int, axis: int) -> tuple[int, np.float32]:
+    """The largest k ≤ 127 whose grid (scale · 127 / k, as stored) keeps every pair of one output channel in
+    range; the 7-bit grid, k = 63, always does (2 · 255 · 64 still fits, should rounding reach 64)."""
+    for k in range(127, _SEVEN_BIT, -1):
+        new_scale = np.float32(scale * 127 / k)
+        integers = np.clip(np.rint(real / np.float64(new_scale)), -128, 127)
+        channel = np.moveaxis(integers[None], 0, axis)
+        if not (largest_adjacent_pairs(reduction_rows(node, channel)) * _INPUT_MAX > limit).any():
+            return k, new_scale
+    return _SEVEN_BIT, np.float32(scale * 127 / _SEVEN_BIT)
+
+
+def weight_integers(ctx: CheckContext, weight: QTensor, params: QParams) -> np.ndarray | None:
     """The int8 values the kernel multiplies: stored, or what the Q makes of a float constant."""
     if weight.stored:
         return source_values(ctx.model, resolve_constant(weight.integer)).astype(np.int64)
@@ -121,7 +196,7 @@ def _weight_integers(ctx: CheckContext, weight: QTensor, params: QParams) -> np.
     return np.clip(np.rint(real / scale) + zero_point, -128, 127).astype(np.int64)
 
 
-def _reduction_rows(node, integers: np.ndarray) -> np.ndarray:
+def reduction_rows(node, integers: np.ndarray) -> np.ndarray:
     """The weights as [outputs, reduction], the reduction in (kernel position, input channel) order."""
     if node.op == "Conv":  # [M, C/g, k...] → [M, k..., C/g]
         return np.moveaxis(integers, 1, -1).reshape(integers.shape[0], -1)
@@ -130,11 +205,16 @@ def _reduction_rows(node, integers: np.ndarray) -> np.ndarray:
     return integers.reshape(integers.shape[0], -1)  # Gemm with transB: [N, K]
 
 
-def _largest_adjacent_pair(rows: np.ndarray) -> int:
-    """The largest magnitude of two same-signed weights that sit side by side in a row's reduction."""
+def _pairs(rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The first and second weight of each adjacent pair in each row's reduction (an odd row ends in 0)."""
     if rows.shape[1] % 2:
         rows = np.concatenate([rows, np.zeros((rows.shape[0], 1), rows.dtype)], axis=1)
-    first, second = rows[:, 0::2], rows[:, 1::2]
+    return rows[:, 0::2].astype(np.int64), rows[:, 1::2].astype(np.int64)
+
+
+def largest_adjacent_pairs(rows: np.ndarray) -> np.ndarray:
+    """Per row (output channel), the largest magnitude of two same-signed weights side by side in its reduction."""
+    first, second = _pairs(rows)
     positive = np.maximum(first, 0) + np.maximum(second, 0)
     negative = np.minimum(first, 0) + np.minimum(second, 0)
-    return int(max(positive.max(initial=0), -negative.min(initial=0)))
+    return np.maximum(positive.max(axis=1, initial=0), -negative.min(axis=1, initial=0))
