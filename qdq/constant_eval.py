@@ -2,7 +2,11 @@
 
 Folding a dequantized parameter to float (a bias, LayerNorm's scale, the weight of a GEMM the
 target runs in float) must give the exact values the model computed, rounding and clipping
-included: so the nodes that make the tensor run in onnxruntime, not in a numpy re-implementation.
+included: so the nodes that make the tensor run in onnxruntime. The one exception is the common
+case, a DequantizeLinear of stored integers with float32 scales, whose arithmetic,
+float32(q - zero_point) · scale, numpy reproduces bit for bit (a test checks it against
+onnxruntime over the corpus): a model with thousands of them would otherwise build thousands
+of sessions.
 """
 
 from __future__ import annotations
@@ -65,11 +69,18 @@ def _producer(tensor: gs.Tensor) -> gs.Node | None | bool:
 def evaluate_constant(ctx: CheckContext, tensor: gs.Tensor) -> np.ndarray | None:
     """The values of a constant-computed tensor, as onnxruntime (optimisations off) computes them;
     None (with a warning) when the tensor reads a graph input or onnxruntime cannot compute it."""
-    from qdq.runtime import session  # imported here: linting never needs onnxruntime
-
     nodes = constant_ancestry(tensor)
     if nodes is None:
         return None
+    if len(nodes) == 1 and (values := dequantized_in_numpy(ctx, nodes[0])) is not None:
+        return values
+    return evaluate_in_onnxruntime(ctx, tensor, nodes)
+
+
+def evaluate_in_onnxruntime(ctx: CheckContext, tensor: gs.Tensor, nodes: list[gs.Node]) -> np.ndarray | None:
+    """`tensor` computed by running `nodes` (its constant ancestry) in onnxruntime, optimisations off."""
+    from qdq.runtime import session  # imported here: linting never needs onnxruntime
+
     constants = {id(t): t for n in nodes for t in n.inputs if isinstance(t, gs.Constant)}.values()
     graph = helper.make_graph(
         [OnnxExporter.export_node(n) for n in nodes], "constant", [],
@@ -83,3 +94,31 @@ def evaluate_constant(ctx: CheckContext, tensor: gs.Tensor) -> np.ndarray | None
         first = (str(exc).strip().splitlines() or [""])[0]
         log.warning("%s: onnxruntime cannot compute it: %s", tensor.name, first)
         return None
+
+
+def dequantized_in_numpy(ctx: CheckContext, node: gs.Node) -> np.ndarray | None:
+    """What onnxruntime's DequantizeLinear makes of stored integers with float32 scales (per tensor
+    or per axis), computed in numpy; None for anything else (blocked, float8, float16 scales...)."""
+    if node.op != "DequantizeLinear" or node.domain not in (None, "", "ai.onnx") or node.attrs.get("block_size", 0):
+        return None
+    inputs = [t for t in node.inputs if t is not None and t.name != ""]
+    if not all(isinstance(t, gs.Constant) for t in inputs):
+        return None
+    integers, scale, *rest = (np.asarray(ctx.model.constant_values(t)) for t in inputs)
+    zero_point = rest[0] if rest else np.zeros((), dtype=integers.dtype)
+    if integers.dtype not in _INTEGER_TYPES or zero_point.dtype != integers.dtype or scale.dtype != np.float32:
+        return None
+    if scale.size > 1:
+        if scale.ndim != 1 or zero_point.size not in (1, scale.size) or integers.ndim == 0:
+            return None
+        axis = node.attrs.get("axis", 1) % integers.ndim
+        if integers.shape[axis] != scale.size:
+            return None
+        shape = [1] * integers.ndim
+        shape[axis] = scale.size
+        scale, zero_point = scale.reshape(shape), zero_point.reshape(shape) if zero_point.size > 1 else zero_point
+    difference = integers.astype(np.int64) - zero_point.astype(np.int64)
+    return (difference.astype(np.float32) * scale).astype(np.float32)
+
+
+_INTEGER_TYPES = {np.dtype(t) for t in (np.int8, np.uint8, np.int16, np.uint16, np.int32)}

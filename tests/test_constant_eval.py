@@ -1,10 +1,16 @@
-"""constant_ancestry: which nodes compute a tensor from constants, in an order onnxruntime can run."""
+"""Constant evaluation: which nodes compute a tensor from constants, in an order onnxruntime can run,
+and the numpy shortcut for DequantizeLinear checked against onnxruntime on the whole corpus."""
 from __future__ import annotations
+
+from pathlib import Path
 
 import numpy as np
 import onnx_graphsurgeon as gs
 
-from qdq.constant_eval import MAX_CONSTANT_NODES, constant_ancestry
+from qdq.constant_eval import MAX_CONSTANT_NODES, constant_ancestry, dequantized_in_numpy, evaluate_in_onnxruntime
+from qdq.model import load_model
+from qdq.quant_index import QuantIndex
+from qdq.rule import CheckContext, Severity
 
 
 def chain(start: gs.Tensor, length: int) -> gs.Tensor:
@@ -31,3 +37,23 @@ def test_an_activation_is_not_a_constant_however_long_its_path():
     constant = gs.Constant("c", np.ones(2, np.float32))
     assert len(constant_ancestry(chain(constant, MAX_CONSTANT_NODES - 1))) == MAX_CONSTANT_NODES - 1
     assert constant_ancestry(chain(constant, MAX_CONSTANT_NODES + 1)) is None
+
+
+CORPUS = Path(__file__).resolve().parent / "corpus"
+PER_MODEL = 6  # DQs checked per corpus model: enough to meet every tool's layout, cheap in sessions
+
+
+def test_numpy_dequantization_is_onnxruntimes_bit_for_bit_over_the_corpus():
+    """The numpy shortcut for DQ(stored integers) gives what onnxruntime computes, on every tool's files."""
+    checked = 0
+    for path in sorted(CORPUS.glob("*/*.onnx")):
+        model = load_model(path)
+        ctx = CheckContext(model, QuantIndex(model), {}, Severity.INFO)
+        nodes = [n for n in model.graph.nodes if n.op == "DequantizeLinear" and dequantized_in_numpy(ctx, n) is not None]
+        for node in nodes[:: max(1, len(nodes) // PER_MODEL)][:PER_MODEL]:
+            fast = dequantized_in_numpy(ctx, node)
+            slow = evaluate_in_onnxruntime(ctx, node.outputs[0], [node])
+            assert fast.dtype == slow.dtype and fast.shape == slow.shape, (path.name, node.name)
+            assert np.array_equal(fast.view(np.uint32), slow.view(np.uint32)), (path.name, node.name)
+            checked += 1
+    assert checked > 200  # 252 when written: every tool that stores integers
