@@ -249,7 +249,7 @@ def _fusion_rule(missing: Counter, neighbours: list[Layer], pieces: list[Layer])
     if "Add" in missing:
         between = [n for n in neighbours if n.is_qdq]
         return "QDQ803" if between and not any(hazards.float_residual(p) for p in pieces) else "QDQ802"
-    if set(missing) & hazards.COMMUTING_OPS:
+    if set(missing) & hazards.commuting_ops():
         return "QDQ402"
     if "Concat" in missing:
         return "QDQ401"

@@ -11,14 +11,22 @@ casts between float types are TensorRT's precision choices, which no Q/DQ placem
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import cache
 
 from qdq.engine.layers import FLOAT, LOW_BIT, Engine, Layer
 from qdq.ruleset import load_target
 
 CONV_KINDS = frozenset({"Convolution", "ConvActPool", "Deconvolution", "FullyConnected", "MatrixMultiply", "Gemm", "gemm"})
-# The ONNX ops Q/DQ move through, as the rule that fixes a requantize around them (QDQ402) lists
-# them in rules/trt.toml: a layer is only blamed on QDQ402 where QDQ402 would check its op.
-COMMUTING_OPS = frozenset(load_target("trt").rules["QDQ402"].params["ops"])
+
+
+@cache
+def commuting_ops() -> frozenset[str]:
+    """The ONNX ops Q/DQ move through, as the rule that fixes a requantize around them (QDQ402)
+    lists them in rules/trt.toml: a layer is only blamed on QDQ402 where QDQ402 checks its op.
+    Read on first use, not when the CLI starts."""
+    return frozenset(load_target("trt").rules["QDQ402"].params["ops"])
+
+
 COMMUTING_KINDS = frozenset({"Shuffle", "Slice", "Padding", "Resize"})
 
 RULES = {
@@ -142,7 +150,7 @@ def rule_for_qdq(graph: Graph, layer: Layer) -> str | None:
     if any("Concat" in n.ops or n.kind == "Concatenation" or n.name.endswith(" copy") for n in around):
         return "QDQ401"
     # A fused conv lists TensorRT's own Shuffles (`(Unnamed Layer* 849) [Shuffle]`): not a commuting op.
-    if any((set(n.ops) & COMMUTING_OPS or n.kind in COMMUTING_KINDS) and n.kind not in CONV_KINDS for n in around):
+    if any((set(n.ops) & commuting_ops() or n.kind in COMMUTING_KINDS) and n.kind not in CONV_KINDS for n in around):
         return "QDQ402"
     # A Q after a float average pool (the GAP before a classifier): the pool's input needs Q/DQ.
     if any(p.kind == "Pooling" or set(p.ops) & POOL_OPS for p in graph.producers(layer)):
@@ -163,12 +171,12 @@ def rule_for_layer(graph: Graph, layer: Layer) -> str | None:
         qdq = [c for c in consumers if c.is_qdq]
         if any(float_residual(c) for c in consumers) or any(rule_for_qdq(graph, q) == "QDQ802" for q in qdq):
             return "QDQ802"
-        if any(set(c.ops) & COMMUTING_OPS and c.kind not in CONV_KINDS for c in consumers):
+        if any(set(c.ops) & commuting_ops() and c.kind not in CONV_KINDS for c in consumers):
             return "QDQ402"
         return rule_for_qdq(graph, qdq[0]) if qdq else None
     if unfused_scale(graph, layer):
         return "QDQ204"
-    if set(layer.ops) & COMMUTING_OPS and not layer.runs_low_bit:
+    if set(layer.ops) & commuting_ops() and not layer.runs_low_bit:
         return "QDQ402"
     if set(layer.ops) & POOL_OPS and not layer.runs_low_bit:
         return "QDQ801"
