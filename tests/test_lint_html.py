@@ -117,6 +117,20 @@ def test_fix_report_draws_each_finding_before_and_after(tmp_path):
     assert "fixed" in page.by_class and set(page.links) <= set(page.ids)
 
 
+
+def test_before_and_after_pictures_share_their_colours(tmp_path):
+    """For TensorRT the fix moves the pool's output to the input's scale and leaves the conv's input
+    alone: each parameter keeps its colour from the first picture to the second."""
+    model, fixed, report = maxpool_model(tmp_path / "pool.onnx"), tmp_path / "fixed.onnx", tmp_path / "fix.html"
+    assert cli.main(["fix", str(model), "--target", "trt", "-o", str(fixed), "--report-html", str(report)]) == 0
+    drawn = pictures(report.read_text())
+    pairs = [(drawn[h]["legend"], drawn[h.replace("before-", "after-")]["legend"]) for h in drawn
+             if h.startswith("before-") and h.replace("before-", "after-") in drawn]
+    shared = [(before, after, set(before) & set(after)) for before, after in pairs]
+    assert any(common for *_, common in shared)
+    assert all(before[p] == after[p] for before, after, common in shared for p in common)
+
+
 def test_fix_report_to_a_missing_folder_is_refused_before_any_work(tmp_path, capsys):
     model, fixed = maxpool_model(tmp_path / "pool.onnx"), tmp_path / "fixed.onnx"
     code = cli.main(["fix", str(model), "--target", "ort", "-o", str(fixed), "--report-html",

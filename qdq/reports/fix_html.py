@@ -3,7 +3,7 @@
 One card per finding the input model had: whether the fix removed it, the changes made at its node
 or tensors, and two pictures of its neighbourhood (reports/html.py draws them): in the input model
 and, around the same node, in the fixed one, so a unified scale shows as one colour where there were
-several. Findings the fixes introduced follow, drawn in the fixed model.
+several. Both pictures share a palette: parameters the fix left alone keep their colour. Findings the fixes introduced follow, drawn in the fixed model.
 """
 
 from __future__ import annotations
@@ -27,8 +27,9 @@ def render(model: Path, output: Path | None, before: LintResult, after: list, fi
     for number, (finding, later) in enumerate(zip(before.findings, after), 1):
         status = ("<p><b class='remains'>remains after the fix</b></p>" if identity(finding) in remaining
                   else "<p><b class='fixed'>fixed</b></p>")
-        drawings = (picture_block(f"before-{number}", "before", finding, finding.neighbourhood, pictures)
-                    + picture_block(f"after-{number}", "after", finding, later, pictures))
+        palette: dict[str, str] = {}  # one parameter, one colour, before and after
+        drawings = (picture_block(f"before-{number}", "before", finding, finding.neighbourhood, pictures, palette)
+                    + picture_block(f"after-{number}", "after", finding, later, pictures, palette))
         cards.append(card(number, finding, status + _changes(fixed.changes, finding)
                           + f"<div class='pictures pair'>{drawings}</div>"))
     known = {identity(f) for f in before.findings}

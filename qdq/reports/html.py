@@ -66,15 +66,18 @@ def card(number: int, finding: Finding, body: str) -> str:
             f"<p>{escape(describe(finding))}</p>{effect}{body}</div>")
 
 
-def picture_block(holder: str, heading: str, finding: Finding, neighbourhood, pictures: list[dict[str, Any]]) -> str:
-    """A picture's holder and colour legend (its data appended to `pictures`), or why there is none."""
+def picture_block(holder: str, heading: str, finding: Finding, neighbourhood, pictures: list[dict[str, Any]],
+                  palette: dict[str, str] | None = None) -> str:
+    """A picture's holder and colour legend (its data appended to `pictures`), or why there is none;
+    pictures given one `palette` colour equal parameters alike."""
     title = f"<h4>{escape(heading)}</h4>" if heading else ""
     if len(pictures) >= MAX_PICTURES:
         return f"<div>{title}<p class='muted'>No picture: a page draws at most {MAX_PICTURES}.</p></div>"
     if neighbourhood is None:
         why = "about the whole model" if not (finding.node or finding.tensors) else "not in this model"
         return f"<div>{title}<p class='muted'>No picture: the finding's node is {why}.</p></div>"
-    data = onnx_pictures.picture(holder, f"{finding.code} at {finding.node or ''} {heading}".strip(), neighbourhood)
+    data = onnx_pictures.picture(holder, f"{finding.code} at {finding.node or ''} {heading}".strip(), neighbourhood,
+                                 palette)
     pictures.append(data)
     return f"<div>{title}<div class='picture' id='{holder}'></div><p>{onnx_pictures.legend(data)}</p></div>"
 

@@ -2,7 +2,8 @@
 for the page script (`assets/onnx_view.js`), with each Q/DQ coloured by its parameters.
 
 Within one picture, Q/DQ nodes with the same scale and zero point share a colour and different ones
-differ, so a Concat whose inputs are quantized three ways shows three colours.
+differ, so a Concat whose inputs are quantized three ways shows three colours. Pictures drawn with
+one palette (a finding before and after its fix) give the same parameters the same colour.
 """
 
 from __future__ import annotations
@@ -30,17 +31,20 @@ def colour(k: int) -> str:
     return f"hsl({(k * 137.508 + 200) % 360:.0f},75%,80%)"
 
 
-def picture(holder: str, label: str, neighbourhood: Neighbourhood) -> dict[str, Any]:
+def picture(holder: str, label: str, neighbourhood: Neighbourhood,
+            palette: dict[str, str] | None = None) -> dict[str, Any]:
     """What the script draws into the element `holder`: boxes, edges (the finding's tensors marked) and
     the legend of parameter colours. A Q feeding only a DQ with its parameters (a quantized tensor, the
-    common case) is one box, which halves the height of most pictures."""
+    common case) is one box, which halves the height of most pictures. `palette` (parameters → colour)
+    is shared with the pictures drawn with it, and grows with the parameters this one adds."""
     merged = _quantized_tensors(neighbourhood)
     quantized = {b: tensor for _, b, tensor in neighbourhood.edges if b in merged}
     by_id = {node.id: node for node in neighbourhood.nodes}
-    colours: dict[str, str] = {}
+    palette = {} if palette is None else palette
     for node in neighbourhood.nodes:
-        if node.params is not None and node.params not in colours:
-            colours[node.params] = colour(len(colours))
+        if node.params is not None and node.params not in palette:
+            palette[node.params] = colour(len(palette))
+    colours = {node.params: palette[node.params] for node in neighbourhood.nodes if node.params is not None}
     nodes = []
     for node in neighbourhood.nodes:
         if node.id in merged.values():
