@@ -14,7 +14,7 @@ import numpy as np
 import onnx_graphsurgeon as gs
 
 from qdq import pow2
-from qdq.quant_index import PER_TENSOR, QuantIndex, QTensor, resolve_constant
+from qdq.quant_index import PER_TENSOR, QuantIndex, QTensor
 
 # Which inputs of an op hold its weight and bias (ONNX semantics, not target knowledge).
 WEIGHT_INPUT = {"Conv": 1, "ConvTranspose": 1, "Gemm": 1, "MatMul": 1}
@@ -64,10 +64,7 @@ def role(index: QuantIndex, qt: QTensor) -> str:
 
 
 def _role(index: QuantIndex, qt: QTensor) -> str:
-    from_constant = qt.stored or (
-        qt.quantize is not None and qt.quantize.inputs and resolve_constant(qt.quantize.inputs[0]) is not None
-    )
-    if not from_constant:
+    if not qt.from_constant:
         return ACTIVATION
     for dq in qt.dequantizes:
         for tensor in dq.outputs:

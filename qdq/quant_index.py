@@ -211,6 +211,13 @@ class QTensor:
         """True when the integer values are stored in the model (a quantized weight or bias)."""
         return self.quantize is None and resolve_constant(self.integer) is not None
 
+    @property
+    def from_constant(self) -> bool:
+        """Stored integers, or a Q of a float constant: a parameter, not an activation (checked
+        without walking the graph, which for an activation would go back to the model's inputs)."""
+        return self.stored or (self.quantize is not None and bool(self.quantize.inputs)
+                               and resolve_constant(self.quantize.inputs[0]) is not None)
+
 
 @dataclass
 class NodeQuant:

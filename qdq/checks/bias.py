@@ -224,7 +224,7 @@ class QuantizedBias(Rule):
                 value = ctx.index.qtensor_of(dequantize)
                 if slot == BIAS_INPUT.get(node.op):
                     constant = constant_ancestry(tensor) is not None
-                elif _from_constant(value):
+                elif value.from_constant:
                     constant = True
                 else:
                     continue  # an activation (a residual Add's input), not a parameter
@@ -245,9 +245,3 @@ class QuantizedBias(Rule):
         return [Change(self.code, node.name, finding.tensors[0], finding.values["dtype"], str(values.dtype),
                        f"{node.name}: {finding.values['what']} folded into a float constant ({values.size} values, "
                        f"as onnxruntime computes {finding.values['form']})")]
-
-
-def _from_constant(value: QTensor) -> bool:
-    """Stored integers, or a Q of a float constant: a parameter, not an activation (checked without
-    walking the graph, which for an activation would go back to the model's inputs)."""
-    return value.stored or (value.quantize is not None and resolve_constant(value.quantize.inputs[0]) is not None)

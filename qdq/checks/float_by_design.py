@@ -167,8 +167,7 @@ class QuantizedSmallGemm(Rule):
         for slot in slots:
             value = input_value(ctx.index, node, slot)
             old = node.inputs[slot].name
-            from_constant = value.stored or resolve_constant(value.quantize.inputs[0]) is not None
-            if from_constant:
+            if value.from_constant:
                 folded = evaluate_constant(ctx, node.inputs[slot])
                 if folded is None:
                     continue
@@ -233,15 +232,16 @@ class QdqOnGraphOutput(Rule):
         dtype = float_type(source)
         low, high = (np.asarray((q - zero_point) * scale, dtype=dtype) for q in (params.qtype.qmin, params.qtype.qmax))
         dequantize.outputs.clear()
-        clip = gs.Node("Clip", ctx.new_name(f"{output.name}_Clip"), outputs=[output], inputs=[
-            source, gs.Constant(ctx.new_name(f"{output.name}_min"), low), gs.Constant(ctx.new_name(f"{output.name}_max"), high)])
-        ctx.graph.nodes.append(clip)
+        bounds = [gs.Constant(ctx.new_name(f"{output.name}_{end}"), value) for end, value in (("min", low), ("max", high))]
+        ctx.graph.nodes.append(gs.Node("Clip", ctx.new_name(f"{output.name}_Clip"), inputs=[source, *bounds],
+                                       outputs=[output]))
         return [Change(self.code, dequantize.name, output.name, "Q → DQ", f"Clip({low:g}, {high:g})",
                        f"graph output {output.name} is the float {source.name}, clipped to the range "
                        f"{quantize.name} held; the Q/DQ pair is gone")]
 
 
 def _moved_dequantized(ctx: CheckContext, tensor: gs.Tensor) -> bool:
+    """Whether an op Q/DQ move through (`transparent`) makes `tensor` from a dequantized value."""
     producer = tensor.inputs[0] if len(tensor.inputs) == 1 else None
     return (producer is not None and producer.op in ctx.params["transparent"] and bool(producer.inputs)
             and ctx.index.dequantize_feeding(producer.inputs[0]) is not None)
@@ -256,9 +256,10 @@ class QdqBeforeFloatOp(Rule):
     FP16/FP32; it fuses a bias Add into the GEMM before it. A Q/DQ pair whose every reader
     (through ops Q/DQ move through, `transparent`) is such an op (`float_ops`, or one of
     `pointwise` with such an operand) rounds the value to INT8 and converts it back, costing
-    precision and a conversion layer, and splits the GEMM from its bias. NVIDIA Model Optimizer quantizes only the inputs of the ops TensorRT runs in INT8;
-    onnxruntime's `quantize_static` quantizes the input of every op. (ModelOpt does quantize a
-    LayerNormalization's input after a residual Add, so LayerNormalization is not in the list.)
+    precision and a conversion layer, and splits the GEMM from its bias. NVIDIA Model Optimizer
+    quantizes only the inputs of the ops TensorRT runs in INT8; onnxruntime's `quantize_static`
+    quantizes the input of every op. (ModelOpt does quantize a LayerNormalization's input after a
+    residual Add, so LayerNormalization is not in the list.)
 
     Example: `MatMul → Q → DQ → Softmax`. The fix makes the Softmax read the MatMul's float output;
     the pair goes. Approximate: the value is no longer rounded.
