@@ -107,13 +107,14 @@ def fused_ops(path: Path) -> dict:
 
 
 def saturation(path: Path, x: np.ndarray) -> dict[str, tuple[int, int]]:
-    """Per Conv and Gemm with int8 weights, how many adjacent weight pairs can saturate a 16-bit pair sum
+    """Per Conv, Gemm and MatMul with int8 weights, how many adjacent weight pairs can saturate a 16-bit pair sum
     (u8×s8 without VNNI): over the raw input range its input takes on `x` (one row at a time, the QAT
     batch of 1), and over every input the kernel can be given (0..255).
 
     Independent of qdq: the weights and grids are read with onnx alone. onnxruntime lays a Conv's
     reduction out as (kernel position, input channel), the channel fastest, a Gemm's along K, and
-    `pmaddubsw` adds products 0+1, 2+3, ... of it (checked on this CPU with one-hot weight pairs);
+    a 2-D MatMul weight's along K too, and `pmaddubsw` adds products 0+1, 2+3, ... of it (checked on this
+    CPU with one-hot weight pairs);
     an int8 input reaches the kernel 128 higher. Ops with uint8 weights run u8×u8, and depthwise
     Convs (one input and one output channel per group) another kernel: neither is listed.
     """
@@ -128,15 +129,17 @@ def saturation(path: Path, x: np.ndarray) -> dict[str, tuple[int, int]]:
     convs = []
     for node in proto.graph.node:
         dqs = [producer.get(name) for name in node.input[:2]]
-        if node.op_type not in ("Conv", "Gemm") or any(dq is None or dq.op_type != "DequantizeLinear" for dq in dqs):
+        if node.op_type not in ("Conv", "Gemm", "MatMul") or any(dq is None or dq.op_type != "DequantizeLinear"
+                                                                 for dq in dqs):
             continue
         integers = _weight_integers(dqs[1], constants, producer)
         input_type = _zero_point(dqs[0], constants).dtype
         attrs = {a.name: a.i for a in node.attribute}
         if integers is None or integers.dtype != np.int8 or input_type not in (np.uint8, np.int8) or \
-                node.op_type == "Conv" and integers.shape[1] == 1 and integers.shape[0] == attrs.get("group", 1):
+                node.op_type == "Conv" and integers.shape[1] == 1 and integers.shape[0] == attrs.get("group", 1) or \
+                node.op_type == "MatMul" and integers.ndim != 2:
             continue
-        if node.op_type == "Gemm":  # B is [K, N], or [N, K] with transB
+        if node.op_type in ("Gemm", "MatMul"):  # B is [K, N], or [N, K] with transB
             rows = (integers if attrs.get("transB", 0) else integers.T).astype(np.int64)
         else:
             rows = np.moveaxis(integers.astype(np.int64), 1, -1).reshape(integers.shape[0], -1)

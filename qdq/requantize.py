@@ -47,12 +47,16 @@ def set_params(
     zero_point: float | np.ndarray | None = None,
     axis: int | None = None,
     elem_type: int | None = None,
+    integers: np.ndarray | None = None,
 ) -> list[Change]:
     """Set the scale (and optionally zero-point, axis and integer type) of every Q and DQ of `qt`; one Change.
 
     `scale` may change shape (per-axis to per-tensor); `zero_point` defaults to the old one,
     which must then be uniform; `elem_type` (an ONNX type, int8 → uint8 say) is carried by the
-    new zero-point constant. Returns no change when the values are already these.
+    new zero-point constant. `integers` are the values the new grid should hold when the caller
+    chose them itself rather than by rounding (QDQ508 moves weight pairs onto a bound); the cost
+    is then measured against the values the model computed before. Returns no change when the
+    values are already these.
     """
     first = ctx.index.params(qt.nodes[0])
     name = ctx.value_name(qt)
@@ -69,7 +73,8 @@ def set_params(
     new_zp = _new_zero_point(old_zp, new_scale, zero_point)
     new_axis = first.axis if axis is None else axis
     new_type = first.elem_type if elem_type is None else elem_type
-    if _same(old_scale, new_scale) and _same(old_zp, new_zp) and new_axis == first.axis and new_type == first.elem_type:
+    if (_same(old_scale, new_scale) and _same(old_zp, new_zp) and new_axis == first.axis
+            and new_type == first.elem_type and integers is None):
         return []
 
     stored_scale = new_scale.astype(_np_type(first.scale_source.elem_type))
@@ -83,7 +88,9 @@ def set_params(
     if first.zero_point_input is not None or np.any(new_zp != 0) or new_type != first.elem_type:
         zp_const = gs.Constant(ctx.new_name(f"{name}_zero_point"), new_zp.astype(_np_type(new_type)))
     values: dict = {}
-    if qt.stored:
+    if integers is not None:
+        values = _write_integers(ctx, qt, integers, new_scale, new_zp, new_axis, new_type)
+    elif qt.stored:
         values = _requantize_stored(ctx, qt, first, new_scale, new_zp, new_axis, new_type)
     elif qt.quantize is not None and not _same_grid(first, new_scale, new_zp, new_axis, new_type):
         values = _pin_float_constant(ctx, qt, new_scale, new_zp, new_axis, new_type)
@@ -177,6 +184,34 @@ def _pin_float_constant(
         return weights[rows].astype(np.float64)
 
     return quantize_blocks(real, weights.shape, scale, zp, axis, quant_type(elem_type), None)[1]
+
+
+def _write_integers(
+    ctx: CheckContext, qt: QTensor, integers: np.ndarray, scale: np.ndarray, zp: np.ndarray, axis: int, elem_type: int
+) -> dict:
+    """Make the value hold `integers` on the new grid; the cost against its effective values before.
+
+    Stored integers become a new constant. A float weight behind a Q is pinned to the real values
+    the integers stand for, which that Q maps back to exactly these integers (|q| ≤ 2^23).
+    """
+    before = effective_values(ctx, qt)
+    if before is None:
+        raise ValueError(f"{ctx.value_name(qt)}: integers computed in the graph cannot be replaced")
+    s, z = along(scale, integers.ndim, axis), along(zp, integers.ndim, axis)
+    stored = np.asarray(integers).astype(_np_type(elem_type))
+    name = ctx.value_name(qt)
+    if qt.stored:
+        constant = ctx.model.new_constant(ctx.new_name(f"{name}_requantized", replacing=qt.integer.name), stored)
+        for node in qt.dequantizes:
+            _set_input(node, 0, constant)
+        qt.integer = constant  # see _requantize_stored
+    else:
+        real = ((stored.astype(np.float64) - z) * s).astype(before.dtype)
+        constant = ctx.model.new_constant(ctx.new_name(f"{name}_effective", replacing=qt.float_input.name), real)
+        _set_input(qt.quantize, 0, constant)
+        qt.float_input = constant
+    held = stored.astype(np.float64)
+    return RoundingCost.of(before.astype(np.float64), held, held, s, z).values()
 
 
 def effective_values(ctx: CheckContext, qt: QTensor) -> np.ndarray | None:

@@ -21,6 +21,7 @@ from builders import GraphBuilder
 from conftest import run_optimized, run_ort, saturation_not_shown
 from onnx import numpy_helper
 
+from qdq.checks.weight_type import _pairs_onto_bound, nearest_safe_weights
 from qdq.errors import RuleSetError
 from qdq.fix import fix
 from qdq.lint import lint
@@ -720,6 +721,104 @@ def test_qdq508_leaves_the_channels_not_at_risk_on_their_grid(tmp_path):
     x = rand(1, 4, 2, 2, scale=0.8)
     (before,), (after,) = run_ort(tmp_path / "model.onnx", {"x": x}), run_ort(path, {"x": x})
     assert np.array_equal(before[:, 1], after[:, 1])
+
+
+@pytest.mark.parametrize("weight", ["stored", "float"])
+def test_qdq508_moves_a_lone_pair_onto_the_bound_instead_of_coarsening_the_channel(tmp_path, weight):
+    """One pair 65 + 65 among 31 pairs of opposite signs: the channel keeps its grid and only that pair moves,
+    to 64 + 64 (an error of 2 steps² against about 62/12 ≈ 5 for re-rounding the other weights on a coarser grid)."""
+    b = GraphBuilder()
+    x = act(b, b.input("x", [1, 64, 1, 1]), "in", 0.01, 0, np.uint8)
+    magnitudes = np.random.default_rng(0).integers(1, 128, 64)
+    integers = (magnitudes * np.tile([1, -1], 32)).astype(np.int8).reshape(1, 64, 1, 1)
+    integers[0, :2, 0, 0] = 65
+    params = [b.init("w_scale", f32(0.01)), b.init("w_zp", np.int8(0))]
+    if weight == "float":
+        source = b.node("QuantizeLinear", [b.init("w_float", integers.astype(np.float32) * f32(0.01)), *params],
+                        ["w_int"], name="w_q")
+    else:
+        source = b.init("w_int", integers)
+    w = b.node("DequantizeLinear", [source, *params], ["w_deq"], name="w_dq")
+    b.output(act(b, b.node("Conv", [x, w], ["c"]), "out", 0.1, 0, np.uint8), [1, 1, 1, 1])
+    model = load(b, tmp_path)
+    [finding] = found(model, "QDQ508")
+    assert finding.values["pair"] == 130
+    [change], path = fix_rule(model, "QDQ508", tmp_path)
+    assert "1 pair(s) moved onto that bound" in change.description
+    scale, _ = node_params(path, "w_dq")
+    assert np.allclose(scale, 0.01)  # the grid stays
+    graph = onnx.load(str(path)).graph
+    dq = next(n for n in graph.node if n.name == "w_dq")
+    if weight == "float":  # the Q now reads float weights that it maps onto the chosen integers
+        q = next(n for n in graph.node if n.output[0] == dq.input[0])
+        stored = np.rint(initializers(path)[q.input[0]] / scale.reshape(-1, 1, 1, 1)).astype(np.int8)
+    else:
+        stored = initializers(path)[dq.input[0]]
+    expected = integers.copy()
+    expected[0, :2, 0, 0] = 64
+    assert np.array_equal(stored, expected)
+    assert found(load_model(path), "QDQ508") == []
+    feeds = {"x": np.full((1, 64, 1, 1), 2.55, np.float32)}  # integers 255: the worst input for every pair
+    (unfused,), (fused,) = run_ort(path, feeds), run_optimized(path, feeds)
+    assert np.array_equal(unfused, fused)
+
+
+def test_nearest_safe_weights_is_no_worse_than_either_pure_fix():
+    """On random channels: no pair exceeds the bound, and the cost (squared error plus the mean ratio times the
+    summed error squared) is at most that of the finest grid on which rounding alone fits (the fix before pairs
+    could move) and that of moving pairs on the grid as it is."""
+    rng = np.random.default_rng(0)
+    most, ratio = PAIR_LIMIT // 255, ORT.rules["QDQ508"].params["input_mean_ratio"]
+
+    def cost(integers, step, real):
+        error = integers * step - real
+        return np.sum(error ** 2) + ratio * np.sum(error) ** 2
+
+    def pair_sums(integers):
+        return np.concatenate([integers, np.zeros((1, integers.shape[1] % 2))], axis=1).reshape(-1, 2).sum(axis=1)
+
+    for _ in range(200):
+        n = int(rng.integers(2, 40))
+        real = np.clip(rng.normal(0, rng.uniform(20, 90), (1, n)), -128, 127)  # in steps of scale 1
+        k, scale, rows, moved = nearest_safe_weights(real, 1.0, most, ratio)
+        assert np.all(np.abs(pair_sums(rows)) <= most) and np.all(np.abs(rows) <= 128) and 63 <= k <= 127
+        chosen = cost(rows, float(scale), real)
+        for k_alone in range(127, 62, -1):  # rounding alone, on the finest grid where it fits
+            step = float(np.float32(127 / k_alone))
+            alone = np.clip(np.rint(real / step), -128, 127)
+            if np.all(np.abs(pair_sums(alone)) <= most):
+                assert chosen <= cost(alone, step, real) + 1e-9
+                break
+        same_grid, _ = _pairs_onto_bound(np.clip(np.rint(real), -128, 127), real, most)
+        assert chosen <= cost(same_grid, 1.0, real) + 1e-9
+
+
+@pytest.mark.parametrize("float_output", [False, True])
+def test_qdq508_narrows_a_matmul_weight_so_its_fused_kernel_agrees(tmp_path, float_output):
+    """A MatMul with an int8 [K, N] weight fuses into QLinearMatMul (or MatMulIntegerToFloat with a float output),
+    which pairs along K like QGemm: weights 127 at K = 0 and 1 saturate with inputs of 255 before the fix, not after."""
+    b = GraphBuilder()
+    x = act(b, b.input("x", [1, 8]), "in", 0.01, 0, np.uint8)
+    integers = np.zeros((8, 4), np.int8)
+    integers[:2] = 127
+    integers[2:] = np.int8(-3)
+    w = b.node("DequantizeLinear", [b.init("w_int", integers), b.init("w_scale", f32(0.01)), b.init("w_zp", np.int8(0))],
+               ["w_deq"], name="w_dq")
+    product = b.node("MatMul", [x, w], ["m"])
+    b.output(product if float_output else act(b, product, "out", 0.5, 0, np.uint8), [1, 4])
+    model = load(b, tmp_path)
+    [finding] = found(model, "QDQ508")
+    assert finding.values["pair"] == 254
+    _, path = fix_rule(model, "QDQ508", tmp_path)
+    assert found(load_model(path), "QDQ508") == []
+    reason = saturation_not_shown()
+    if reason:
+        pytest.skip(reason)
+    feeds = {"x": np.full((1, 8), 2.55, np.float32)}  # integers 255
+    (unfused,), (saturated,) = run_ort(tmp_path / "model.onnx", feeds), run_optimized(tmp_path / "model.onnx", feeds)
+    assert np.all(np.abs(saturated - unfused) > 1.0)
+    (unfused,), (fused,) = run_ort(path, feeds), run_optimized(path, feeds)
+    assert np.allclose(fused, unfused, rtol=1e-6, atol=0)  # a float output may differ in its last bit
 
 
 def test_qdq508_leaves_depthwise_convs_alone(tmp_path):

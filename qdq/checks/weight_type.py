@@ -41,21 +41,26 @@ class SaturatingWeightType(Rule):
     products in 16-bit arithmetic that saturates at 32767 (`pair_limit`); a saturated sum is a
     wrong output, not a rounding (a ResNet-style classifier: top-1 0.96 → 0.15). The pairs are
     weights adjacent along the reduction, in (kernel position, input channel) order with the
-    input channel fastest, as onnxruntime's im2col lays them out (a depthwise Conv, one input and
-    one output channel per group, runs on a kernel without pairs). The rule reports an output
+    input channel fastest, as onnxruntime's im2col lays them out, and along K for Gemm and a 2-D
+    MatMul weight (a depthwise Conv, one input and one output channel per group, runs on a kernel
+    without pairs). The rule reports an output
     channel when, for some raw inputs in 0..255, a pair's sum w1 · x1 + w2 · x2 leaves the 16-bit
     range: when two adjacent weights of the same sign add up to more than 32767 // 255 = 128 in
     magnitude. Where the input's values lie does not matter: QDQ507's zero-points put the usual
     inputs near 0, but a large value can still meet two large weights.
 
     The fix, by parameter `weights`:
-    - "7-bit" (default, x86 without VNNI): each output channel at risk is re-quantized from its
-      effective weights on the finest grid on which no pair can saturate: |w| ≤ k at scale
-      s · 127 / k for the largest such k, 63 (7 bits) at worst. Channels not at risk keep their
-      scale, so a per-tensor weight becomes per-channel (before opset 13, which has no per-axis
-      DQ, the whole weight takes the narrowest grid). The Conv stays on the fast u8×s8
-      kernel; the channels at risk lose at most one bit (approximate; the change report gives
-      the SQNR).
+    - "7-bit" (default, x86 without VNNI): each output channel at risk gets the int8 weights
+      nearest its effective weights on which no pair can saturate: on a grid
+      s · 127 / k (k from 127, the grid as it is, down to 63, 7 bits, where no pair can exceed
+      126), with any pair still above 128 moved onto that bound. A channel with one pair just
+      over keeps its grid and moves that pair; one with many large pairs takes a coarser grid.
+      Nearest counts the summed error as well as the squared one (`input_mean_ratio`): inputs
+      with a mean turn a bias in the weights into an output offset.
+      Channels not at risk keep their scale and weights, so a per-tensor weight becomes
+      per-channel (before opset 13, which has no per-axis DQ, one grid is chosen for all). The
+      Conv stays on the fast u8×s8 kernel; the channels at risk lose at most one bit
+      (approximate; the change report gives the SQNR).
     - "uint8": the weight is stored as uint8 with zero-point 128: stored integers become a new
       constant w + 128 (a shared initializer is never edited in place); a float weight behind a
       Q keeps its float values and only the Q/DQ zero-point changes type. Exact,
@@ -70,8 +75,9 @@ class SaturatingWeightType(Rule):
     saturate: `--ignore QDQ508` there (or `ops = []` in a rules file).
 
     Example: `DQ(x, uint8) → Conv ← DQ(w, s=0.01, zp=0 int8)` with two adjacent weights of 127 in
-    output channel 0: 255 · 254 > 32767. The 7-bit fix gives channel 0 the scale 0.01 · 127/64
-    (127 → 64, a pair 128 · 255 = 32640 fits) and leaves the other channels at 0.01.
+    output channel 0: 255 · 254 > 32767. When channel 0 holds only large weights, the 7-bit fix
+    gives it the scale 0.01 · 127/64 (127 → 64, a pair 128 · 255 = 32640 fits); when that pair
+    is its only large one, 127 + 127 becomes 64 + 64 on the old grid. Other channels stay as they are.
     """
 
     code = "QDQ508"
@@ -82,7 +88,10 @@ class SaturatingWeightType(Rule):
     severity = Severity.WARNING
     fix_safety = FixSafety.APPROXIMATE
     edits_graph = False
-    parameters = {"ops": [], "pair_limit": 32767, "weights": "7-bit", "uint8_channels": 0}
+    # input_mean_ratio: μ²/σ² of the inputs, weighing a channel's summed weight error against its squared
+    # error (`nearest_safe_weights`); 1/(π − 1) ≈ 0.467 is that of a Relu of a zero-mean Gaussian.
+    parameters = {"ops": [], "pair_limit": 32767, "weights": "7-bit", "uint8_channels": 0,
+                  "input_mean_ratio": 0.467}
 
     def check(self, ctx: CheckContext) -> Iterable[Finding]:
         ops, limit, fix = set(ctx.params["ops"]), ctx.params["pair_limit"], ctx.params["weights"]
@@ -102,8 +111,8 @@ class SaturatingWeightType(Rule):
             integers = weight_integers(ctx, weight, params)
             if integers is None:
                 continue
-            if _depthwise(node, integers):
-                continue
+            if _depthwise(node, integers) or node.op == "MatMul" and integers.ndim != 2:
+                continue  # a batched MatMul weight pairs within each [K, N] matrix: not modelled
             axis = output_channel_axis(node, integers.ndim)
             pairs = largest_adjacent_pairs(reduction_rows(node, integers))
             at_risk = pairs * _INPUT_MAX > limit
@@ -132,20 +141,32 @@ class SaturatingWeightType(Rule):
             return set_params(ctx, weight, params.scale, self.code, reason, zero_point=params.zero_point + _SHIFT,
                               axis=params.axis, elem_type=_TO)
         integers = weight_integers(ctx, weight, params)
+        most = ctx.params["pair_limit"] // _INPUT_MAX
+        order = reduction_rows(node, np.arange(integers.size).reshape(integers.shape))  # flat index of each row's weights
         scale = np.broadcast_to(params.scale.astype(np.float64).ravel(), at_risk.shape).copy()
-        real = np.moveaxis(integers, axis, 0).astype(np.float64) * scale.reshape((-1,) + (1,) * (integers.ndim - 1))
-        ranges = []
+        real = integers.ravel().astype(np.float64)[order] * scale[:, None]
+        chosen = integers.ravel().copy()
+        if params.scale.size == 1 and ctx.model.opset < _PER_AXIS_OPSET:  # one scale for every channel
+            k, scale, rows, moved = nearest_safe_weights(real, float(scale[0]), most, ctx.params["input_mean_ratio"])
+            chosen[order] = rows
+            reason = (f"nearest int8 weights with no adjacent pair above {most} (one scale before opset 13, "
+                      f"|w| ≤ {k}{_moved(moved)}): no 16-bit pair sum can saturate")
+            return set_params(ctx, weight, scale, self.code, reason, integers=chosen.reshape(integers.shape))
+        ranges, pairs_moved = [], 0
         for channel in np.flatnonzero(at_risk):
-            k, scale[channel] = _finest_safe_grid(node, real[channel], scale[channel], ctx.params["pair_limit"], axis)
+            k, scale[channel], row, moved = nearest_safe_weights(real[channel:channel + 1], scale[channel], most,
+                                                                 ctx.params["input_mean_ratio"])
+            chosen[order[channel]] = row[0]
             ranges.append(k)
-        if params.scale.size == 1 and ctx.model.opset < _PER_AXIS_OPSET:  # one scale: the narrowest grid for all
-            scale = np.float32(params.scale.ravel()[0] * 127 / min(ranges))
-            reason = (f"narrower weights (|w| ≤ {min(ranges)}, one scale before opset 13): "
-                      "no 16-bit pair sum can saturate")
-            return set_params(ctx, weight, scale, self.code, reason)
-        reason = (f"narrower weights in {len(ranges)} of {at_risk.size} output channels (|w| ≤ {min(ranges)}"
-                  f"{'' if min(ranges) == max(ranges) else f' to {max(ranges)}'}): no 16-bit pair sum can saturate")
-        return set_params(ctx, weight, scale, self.code, reason, axis=axis)
+            pairs_moved += moved
+        reason = (f"nearest int8 weights with no adjacent pair above {most} in {len(ranges)} of {at_risk.size} "
+                  f"output channels (|w| ≤ {min(ranges)}{'' if min(ranges) == max(ranges) else f' to {max(ranges)}'}"
+                  f"{_moved(pairs_moved)}): no 16-bit pair sum can saturate")
+        return set_params(ctx, weight, scale, self.code, reason, axis=axis, integers=chosen.reshape(integers.shape))
+
+
+def _moved(pairs: int) -> str:
+    return f", {pairs} pair(s) moved onto that bound" if pairs else ""
 
 
 def _eight_bit(ctx: CheckContext, activation: QTensor) -> bool:
@@ -167,16 +188,46 @@ def _few_channels(node, integers: np.ndarray, most: int) -> bool:
     return node.op == "Conv" and integers.shape[1] <= most
 
 
-def _finest_safe_grid(node, real: np.ndarray, scale: float, limit: int, axis: int) -> tuple[int, np.float32]:
-    """The largest k ≤ 127 whose grid (scale · 127 / k, as stored) keeps every pair of one output channel in
-    range; the 7-bit grid, k = 63, always does (2 · 255 · 64 still fits, should rounding reach 64)."""
-    for k in range(127, _SEVEN_BIT, -1):
+def nearest_safe_weights(real: np.ndarray, scale: float, most: int,
+                          mean_ratio: float) -> tuple[int, np.float32, np.ndarray, int]:
+    """The int8 weights nearest `real` ([rows, reduction], one scale) on which no adjacent pair sums past `most`.
+
+    Candidates are the grids scale · 127 / k for k = 127 (the grid as it is) down to 63, where no
+    pair can exceed 2 · 63 = 126. On each, the weights are rounded, and each pair still above the
+    bound is moved onto it, a + b = ±most, at the integers nearest the real pair. "Nearest" is
+    what an output channel's error Σ δ·x costs for inputs x of mean μ and spread σ:
+    σ² Σ δ² + μ² (Σ δ)², i.e. Σ δ² + `mean_ratio` · (Σ δ)² per row with mean_ratio = μ²/σ². The
+    second term matters: moved pairs all shrink, and a coarser grid's rounding errors add up to a
+    bias of their own, which one-sided activations (after Relu or SiLU) turn into an output
+    offset. Returns k, the new scale as stored, the integer rows and how many pairs were moved.
+    """
+    best = None
+    for k in range(127, _SEVEN_BIT - 1, -1):
         new_scale = np.float32(scale * 127 / k)
-        integers = np.clip(np.rint(real / np.float64(new_scale)), -128, 127)
-        channel = np.moveaxis(integers[None], 0, axis)
-        if not (largest_adjacent_pairs(reduction_rows(node, channel)) * _INPUT_MAX > limit).any():
-            return k, new_scale
-    return _SEVEN_BIT, np.float32(scale * 127 / _SEVEN_BIT)
+        exact = real / np.float64(new_scale)
+        rows, moved = _pairs_onto_bound(np.clip(np.rint(exact), -128, 127), exact, most)
+        error = rows - exact
+        cost = (float(np.sum(error ** 2)) + mean_ratio * float(np.sum(error.sum(axis=1) ** 2))) * float(new_scale) ** 2
+        if best is None or cost < best[0]:
+            best = (cost, k, new_scale, rows, moved)
+    return best[1:]
+
+
+def _pairs_onto_bound(rows: np.ndarray, exact: np.ndarray, most: int) -> tuple[np.ndarray, int]:
+    """`rows` with each adjacent pair whose sum exceeds ±`most` moved onto it, as near `exact` as integers go."""
+    odd = rows.shape[1] % 2
+    if odd:  # the last weight pairs with nothing (a 0)
+        rows, exact = (np.concatenate([a, np.zeros((a.shape[0], 1))], axis=1) for a in (rows, exact))
+    first, second = rows[:, 0::2], rows[:, 1::2]  # views: writing them writes `rows`
+    moved = 0
+    for sign in (1, -1):
+        over = sign * (first + second) > most
+        if over.any():
+            # On the line a + b = most (in the pair's sign), the nearest point to the real pair, rounded.
+            a = np.clip(np.rint((sign * exact[:, 0::2] - sign * exact[:, 1::2] + most) / 2), most - 127, 127)
+            first[over], second[over] = sign * a[over], sign * (most - a[over])
+            moved += int(over.sum())
+    return (rows[:, :-1] if odd else rows), moved
 
 
 def weight_integers(ctx: CheckContext, weight: QTensor, params: QParams) -> np.ndarray | None:
