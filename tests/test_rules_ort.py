@@ -821,6 +821,26 @@ def test_qdq508_narrows_a_matmul_weight_so_its_fused_kernel_agrees(tmp_path, flo
     assert np.allclose(fused, unfused, rtol=1e-6, atol=0)  # a float output may differ in its last bit
 
 
+def test_qdq508_before_opset_13_gives_the_whole_weight_one_grid(tmp_path):
+    """DequantizeLinear has no per-axis scales before opset 13: one grid is chosen for every channel."""
+    b = GraphBuilder(opset=12)
+    x = act(b, b.input("x", [1, 4, 2, 2]), "in", 0.01, 0, np.uint8)
+    integers = np.full((2, 4, 1, 1), 127, np.int8)
+    integers[1] = 40
+    w = b.node("DequantizeLinear", [b.init("w_int", integers), b.init("w_scale", f32(0.01)), b.init("w_zp", np.int8(0))],
+               ["w_deq"], name="w_dq")
+    b.output(act(b, b.node("Conv", [x, w], ["c"]), "out", 0.1, 0, np.uint8), [1, 2, 2, 2])
+    model = load(b, tmp_path)
+    [change], path = fix_rule(model, "QDQ508", tmp_path)
+    assert "one scale before opset 13" in change.description
+    scale, _ = node_params(path, "w_dq")
+    assert scale.shape == () and np.isclose(scale, 0.01 * 127 / LARGEST_SAFE)  # 127 + 127 → 64 + 64
+    dq = next(n for n in onnx.load(str(path)).graph.node if n.name == "w_dq")
+    stored = initializers(path)[dq.input[0]]
+    assert np.all(stored[0] == LARGEST_SAFE) and np.all(stored[1] == 20)  # 40 · 64/127 = 20.2
+    assert found(load_model(path), "QDQ508") == []
+
+
 def test_qdq508_leaves_depthwise_convs_alone(tmp_path):
     """onnxruntime's depthwise kernel (one input and one output channel per group) does not add products in pairs:
     on this CPU 255 · 127 · 2 comes out whole, fused or not."""
