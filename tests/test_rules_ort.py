@@ -852,6 +852,7 @@ def test_qdq508_leaves_depthwise_convs_alone(tmp_path):
     b.output(act(b, b.node("Conv", [x, w], ["c"], group=4), "out", 0.1, 0, np.uint8), [1, 4, 2, 2])
     model = load(b, tmp_path)
     assert found(model, "QDQ508") == [] and optimized_ops(tmp_path / "model.onnx")["QLinearConv"] == 1
+    assert len(found(model, "QDQ508", with_params("QDQ508", tmp_path, "depthwise_pairs = true"))) == 1
     feeds = {"x": np.full((1, 4, 4, 4), 1.27, np.float32)}  # integers 255
     (unfused,), (fused,) = run_ort(tmp_path / "model.onnx", feeds), run_optimized(tmp_path / "model.onnx", feeds)
     assert np.array_equal(unfused, fused)

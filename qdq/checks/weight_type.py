@@ -42,8 +42,8 @@ class SaturatingWeightType(Rule):
     wrong output, not a rounding (a ResNet-style classifier: top-1 0.96 → 0.15). The pairs are
     weights adjacent along the reduction, in (kernel position, input channel) order with the
     input channel fastest, as onnxruntime's im2col lays them out, and along K for Gemm and a 2-D
-    MatMul weight (a depthwise Conv, one input and one output channel per group, runs on a kernel
-    without pairs). The rule reports an output
+    MatMul weight. A depthwise Conv (one input and one output channel per group) is checked only
+    with `depthwise_pairs`: onnxruntime runs it on a kernel without pairs. The rule reports an output
     channel when, for some raw inputs in 0..255, a pair's sum w1 · x1 + w2 · x2 leaves the 16-bit
     range: when two adjacent weights of the same sign add up to more than 32767 // 255 = 128 in
     magnitude. Where the input's values lie does not matter: QDQ507's zero-points put the usual
@@ -91,7 +91,7 @@ class SaturatingWeightType(Rule):
     # input_mean_ratio: μ²/σ² of the inputs, weighing a channel's summed weight error against its squared
     # error (`nearest_safe_weights`); 1/(π − 1) ≈ 0.467 is that of a Relu of a zero-mean Gaussian.
     parameters = {"ops": [], "pair_limit": 32767, "weights": "7-bit", "uint8_channels": 0,
-                  "input_mean_ratio": 0.467}
+                  "input_mean_ratio": 0.467, "depthwise_pairs": True}
 
     def check(self, ctx: CheckContext) -> Iterable[Finding]:
         ops, limit, fix = set(ctx.params["ops"]), ctx.params["pair_limit"], ctx.params["weights"]
@@ -111,8 +111,9 @@ class SaturatingWeightType(Rule):
             integers = weight_integers(ctx, weight, params)
             if integers is None:
                 continue
-            if _depthwise(node, integers) or node.op == "MatMul" and integers.ndim != 2:
-                continue  # a batched MatMul weight pairs within each [K, N] matrix: not modelled
+            if not ctx.params["depthwise_pairs"] and _depthwise(node, integers) or \
+                    node.op == "MatMul" and integers.ndim != 2:
+                continue  # (a batched MatMul weight pairs within each [K, N] matrix: not modelled)
             axis = output_channel_axis(node, integers.ndim)
             pairs = largest_adjacent_pairs(reduction_rows(node, integers))
             at_risk = pairs * _INPUT_MAX > limit
@@ -178,8 +179,7 @@ def _eight_bit(ctx: CheckContext, activation: QTensor) -> bool:
 
 
 def _depthwise(node, integers: np.ndarray) -> bool:
-    """A Conv with one input and one output channel per group: onnxruntime runs it on a depthwise kernel
-    that does not add products in pairs (probed with one-hot weight pairs; a channel multiplier of 2 pairs)."""
+    """A Conv with one input and one output channel per group (a channel multiplier of 2 is not one)."""
     return node.op == "Conv" and integers.shape[1] == 1 and integers.shape[0] == node.attrs.get("group", 1)
 
 
