@@ -26,6 +26,7 @@ from onnx import TensorProto, numpy_helper
 from qdq import progress
 from qdq.errors import InvalidOutputError, ModelLoadError, OutputError
 from qdq.files import atomic_write_bytes, check_writable, same_file
+from qdq.graph_export import export_model
 from qdq.graph_import import import_graph
 from qdq.normalize import normalize
 from qdq.ops import DEQUANTIZE, QDQ_DOMAINS, QDQ_OPS
@@ -209,16 +210,10 @@ def save_model(
 
 
 def to_proto(model: Model) -> onnx.ModelProto:
-    """The model as an ONNX protobuf with the input's IR version and metadata (what `save_model` writes)."""
+    """The model as an ONNX protobuf: the input's, with the graph's changes (what `save_model` writes)."""
     _settle_element_types(model.graph)
-    _pack_low_bit_constants(model.graph)
     with gc_paused():
-        proto = gs.export_onnx(model.graph)
-    proto.ir_version = model.proto.ir_version
-    proto.producer_name = model.proto.producer_name or proto.producer_name
-    del proto.metadata_props[:]
-    proto.metadata_props.extend(model.proto.metadata_props)
-    return proto
+        return export_model(model.graph, model.proto)
 
 
 def _settle_element_types(graph: gs.Graph) -> None:
@@ -240,20 +235,6 @@ def _settle_element_types(graph: gs.Graph) -> None:
             implied = node.inputs[2].dtype if len(node.inputs) > 2 and node.inputs[2].name else None
         if implied is not None:  # a parameter from a Constant node has no declared type
             out.dtype = implied
-
-
-def _pack_low_bit_constants(graph: gs.Graph) -> None:
-    """Store computed int4/uint4/int2/float8/float4 values in ONNX's packed layout.
-
-    graphsurgeon writes a numpy array's bytes as they are, one byte per 4-bit value, which the
-    checker refuses ("Raw data size does not match"); onnx's own conversion packs them.
-    """
-    for tensor in graph.tensors().values():
-        if not isinstance(tensor, gs.Constant) or isinstance(tensor._values, gs.ir.tensor.LazyValues):
-            continue
-        values = tensor._values
-        if isinstance(values, np.ndarray) and values.dtype not in _RAW_DTYPES.values() and values.dtype.kind == "V":
-            tensor._values = gs.ir.tensor.LazyValues(numpy_helper.from_array(values, tensor.name))
 
 
 def _check_output(model: Model, written: Path, out_path: Path, check: Callable[[Path], bool] | None) -> None:
