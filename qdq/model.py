@@ -73,14 +73,19 @@ class Model:
         """The folder external-data locations are relative to."""
         return self.path.parent
 
-    @cached_property
+    @property
     def uses_external_data(self) -> bool:
-        return any(_is_external(t) for t in _all_tensor_protos(self.proto.graph))
+        return bool(self._data_files)
 
     @property
     def input_files(self) -> list[Path]:
         """The model file and the external data files it points at: what an output must never replace."""
-        return [self.path, *_external_files(self.proto, self.base_dir)]
+        return [self.path, *self._data_files]
+
+    @cached_property
+    def _data_files(self) -> list[Path]:
+        """The data files the input's external tensors point at, from one walk over its tensors."""
+        return _external_files(self.proto, self.base_dir)
 
     def constant_values(self, tensor: gs.Constant) -> np.ndarray:
         """The values of a constant, reading external data relative to the model, not the cwd."""
@@ -192,8 +197,9 @@ def save_model(
     protected = [f for f in model.input_files if not (in_place and same_file(Path(f), model.path))]
     check_writable(out_path, inputs=protected)
     progress.step(f"writing {out_path.name}")
-    proto = to_proto(model)
-    tensors = list(_all_tensor_protos(proto.graph))
+    with gc_paused():  # the walk makes a Python object per tensor: collections over a large graph would cost seconds
+        proto = to_proto(model)
+        tensors = list(_all_tensor_protos(proto.graph))
     created: list[Path] = []
     try:
         if any(_is_external(t) for t in tensors) or model.uses_external_data:
