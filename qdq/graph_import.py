@@ -3,7 +3,9 @@
 `gs.import_onnx` builds every node and tensor through constructors that validate, log and
 keep both ends of each edge in sync one element at a time. On a 100k-node QDQ model that took
 about 6 s, more than qdq's whole lint budget. This importer builds the same objects (gs.Node,
-gs.Variable, gs.Constant with lazily loaded values, linked the same way) directly.
+gs.Variable, gs.Constant with lazily loaded values, linked the same way) directly. Its nodes and
+constants remember the protobuf they were read from (`ImportedNode`, `StoredConstant`), so
+saving (`qdq.graph_export`) can write back what a fix did not change instead of rebuilding it.
 
 Models with what it does not cover (subgraphs of If/Loop/Scan, local functions, sparse
 initializers, attribute references, unusual attribute types) go through `gs.import_onnx`.
@@ -20,15 +22,40 @@ from onnx_graphsurgeon.importers.onnx_importer import OnnxImporter, get_itemsize
 from onnx_graphsurgeon.util.misc import SynchronizedList
 
 _new = object.__new__
-_PLAIN_ATTRIBUTES = {
+# What a node's attribute holds in graphsurgeon, per attribute kind (tensors are StoredConstants).
+PLAIN_ATTRIBUTES = {
     AttributeProto.FLOAT: lambda a: a.f,
     AttributeProto.INT: lambda a: a.i,
     AttributeProto.STRING: lambda a: a.s.decode(),
-    AttributeProto.TENSOR: lambda a: OnnxImporter.import_tensor(a.t),
     AttributeProto.FLOATS: lambda a: list(a.floats),
     AttributeProto.INTS: lambda a: list(a.ints),
     AttributeProto.STRINGS: lambda a: [s.decode() for s in a.strings],
 }
+
+
+class ImportedNode(gs.Node):
+    """A graphsurgeon node with the NodeProto it was read from (`proto`), left as read whatever a fix does."""
+
+    proto: onnx.NodeProto
+
+
+class StoredConstant(gs.Constant):
+    """A constant whose values are those of a TensorProto, `proto`, until something replaces them.
+
+    Reading the values does not change `proto`; setting them (`constant.values = ...`) forgets
+    it, so a saved model holds the new values.
+    """
+
+    proto: onnx.TensorProto | None
+
+    def __init__(self, proto: onnx.TensorProto):
+        super().__init__(proto.name, gs.ir.tensor.LazyValues(proto), data_location=_data_location(proto))
+        self.proto = proto
+
+    @gs.Constant.values.setter
+    def values(self, values) -> None:
+        self.proto = None
+        gs.Constant.values.fset(self, values)
 
 
 class _NotCovered(Exception):
@@ -82,8 +109,9 @@ class _Importer:
         return result
 
     def _node(self, proto: onnx.NodeProto) -> gs.Node:
-        node = _new(gs.Node)
+        node = _new(ImportedNode)
         fields = node.__dict__
+        fields["proto"] = proto
         fields["op"] = proto.op_type
         fields["name"] = proto.name
         fields["attrs"] = self._attributes(proto) if proto.attribute else OrderedDict()
@@ -103,8 +131,13 @@ class _Importer:
     def _attributes(self, proto: onnx.NodeProto) -> OrderedDict:
         attrs = OrderedDict()
         for attribute in proto.attribute:
-            convert = _PLAIN_ATTRIBUTES.get(attribute.type)
-            if convert is None or attribute.ref_attr_name:
+            if attribute.ref_attr_name:
+                raise _NotCovered
+            if attribute.type == AttributeProto.TENSOR:
+                attrs[attribute.name] = self._constant(attribute.t)
+                continue
+            convert = PLAIN_ATTRIBUTES.get(attribute.type)
+            if convert is None:
                 raise _NotCovered
             attrs[attribute.name] = convert(attribute)
         return attrs
@@ -135,21 +168,23 @@ class _Importer:
             known.dtype = known.dtype or annotated.dtype
             known.shape = known.shape or annotated.shape
 
-    def _constant(self, proto: onnx.TensorProto) -> gs.Constant:
+    def _constant(self, proto: onnx.TensorProto) -> StoredConstant:
+        """What `StoredConstant(proto)` builds, with the element type's facts looked up once."""
         lazy = _new(gs.ir.tensor.LazyValues)
         dtype, itemsize = self._lazy_type(proto.data_type)
         count = 1
         for dim in proto.dims:
             count *= dim
         lazy.__dict__.update(tensor=proto, shape=proto.dims, dtype=dtype, nbytes=count * itemsize)
-        constant = _new(gs.Constant)
+        constant = _new(StoredConstant)
         constant.__dict__.update(
             name=proto.name,
             inputs=_synced(constant, "outputs"),
             outputs=_synced(constant, "inputs"),
             _values=lazy,
-            data_location=int(proto.data_location) if proto.HasField("data_location") else None,
+            data_location=_data_location(proto),
             _export_dtype=None,
+            proto=proto,
         )
         return constant
 
@@ -161,6 +196,10 @@ class _Importer:
             dtype = get_onnx_tensor_dtype(probe)
             known = self.lazy_types[data_type] = (dtype, get_itemsize(dtype))
         return known
+
+
+def _data_location(proto: onnx.TensorProto) -> int | None:
+    return int(proto.data_location) if proto.HasField("data_location") else None
 
 
 def _synced(owner: object, field: str) -> SynchronizedList:

@@ -26,6 +26,7 @@ from onnx import TensorProto, numpy_helper
 from qdq import progress
 from qdq.errors import InvalidOutputError, ModelLoadError, OutputError
 from qdq.files import atomic_write_bytes, check_writable, same_file
+from qdq.graph_export import export_model
 from qdq.graph_import import import_graph
 from qdq.normalize import normalize
 from qdq.ops import DEQUANTIZE, QDQ_DOMAINS, QDQ_OPS
@@ -72,14 +73,19 @@ class Model:
         """The folder external-data locations are relative to."""
         return self.path.parent
 
-    @cached_property
+    @property
     def uses_external_data(self) -> bool:
-        return any(_is_external(t) for t in _all_tensor_protos(self.proto.graph))
+        return bool(self._data_files)
 
     @property
     def input_files(self) -> list[Path]:
         """The model file and the external data files it points at: what an output must never replace."""
-        return [self.path, *_external_files(self.proto, self.base_dir)]
+        return [self.path, *self._data_files]
+
+    @cached_property
+    def _data_files(self) -> list[Path]:
+        """The data files the input's external tensors point at, from one walk over its tensors."""
+        return _external_files(self.proto, self.base_dir)
 
     def constant_values(self, tensor: gs.Constant) -> np.ndarray:
         """The values of a constant, reading external data relative to the model, not the cwd."""
@@ -191,8 +197,9 @@ def save_model(
     protected = [f for f in model.input_files if not (in_place and same_file(Path(f), model.path))]
     check_writable(out_path, inputs=protected)
     progress.step(f"writing {out_path.name}")
-    proto = to_proto(model)
-    tensors = list(_all_tensor_protos(proto.graph))
+    with gc_paused():  # the walk makes a Python object per tensor: collections over a large graph would cost seconds
+        proto = to_proto(model)
+        tensors = list(_all_tensor_protos(proto.graph))
     created: list[Path] = []
     try:
         if any(_is_external(t) for t in tensors) or model.uses_external_data:
@@ -209,16 +216,10 @@ def save_model(
 
 
 def to_proto(model: Model) -> onnx.ModelProto:
-    """The model as an ONNX protobuf with the input's IR version and metadata (what `save_model` writes)."""
+    """The model as an ONNX protobuf: the input's, with the graph's changes (what `save_model` writes)."""
     _settle_element_types(model.graph)
-    _pack_low_bit_constants(model.graph)
     with gc_paused():
-        proto = gs.export_onnx(model.graph)
-    proto.ir_version = model.proto.ir_version
-    proto.producer_name = model.proto.producer_name or proto.producer_name
-    del proto.metadata_props[:]
-    proto.metadata_props.extend(model.proto.metadata_props)
-    return proto
+        return export_model(model.graph, model.proto)
 
 
 def _settle_element_types(graph: gs.Graph) -> None:
@@ -240,20 +241,6 @@ def _settle_element_types(graph: gs.Graph) -> None:
             implied = node.inputs[2].dtype if len(node.inputs) > 2 and node.inputs[2].name else None
         if implied is not None:  # a parameter from a Constant node has no declared type
             out.dtype = implied
-
-
-def _pack_low_bit_constants(graph: gs.Graph) -> None:
-    """Store computed int4/uint4/int2/float8/float4 values in ONNX's packed layout.
-
-    graphsurgeon writes a numpy array's bytes as they are, one byte per 4-bit value, which the
-    checker refuses ("Raw data size does not match"); onnx's own conversion packs them.
-    """
-    for tensor in graph.tensors().values():
-        if not isinstance(tensor, gs.Constant) or isinstance(tensor._values, gs.ir.tensor.LazyValues):
-            continue
-        values = tensor._values
-        if isinstance(values, np.ndarray) and values.dtype not in _RAW_DTYPES.values() and values.dtype.kind == "V":
-            tensor._values = gs.ir.tensor.LazyValues(numpy_helper.from_array(values, tensor.name))
 
 
 def _check_output(model: Model, written: Path, out_path: Path, check: Callable[[Path], bool] | None) -> None:

@@ -13,8 +13,9 @@ import tempfile
 from pathlib import Path
 
 import numpy as np
-import onnx_graphsurgeon as gs
 from onnx import TensorProto, helper
+
+from qdq.graph_import import StoredConstant
 
 
 class Spill:
@@ -25,7 +26,7 @@ class Spill:
         self.path = Path(self._folder.name) / f"{stem}.data"
         self._size = 0
 
-    def constant(self, name: str, values: np.ndarray) -> gs.Constant:
+    def constant(self, name: str, values: np.ndarray) -> StoredConstant:
         """A graph constant whose values live in the scratch file, read back only when asked for."""
         values = np.ascontiguousarray(values)
         proto = TensorProto(name=name, data_type=helper.np_dtype_to_tensor_dtype(values.dtype), dims=values.shape)
@@ -36,4 +37,4 @@ class Spill:
             entry.key, entry.value = key, value
         proto.data_location = TensorProto.EXTERNAL
         self._size += values.nbytes
-        return gs.Constant(name, gs.ir.tensor.LazyValues(proto), data_location=TensorProto.EXTERNAL)
+        return StoredConstant(proto)
