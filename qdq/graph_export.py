@@ -75,7 +75,7 @@ def export_with_graphsurgeon(graph: gs.Graph, source: onnx.ModelProto) -> onnx.M
 
 
 def _write_graph(graph: gs.Graph, source: onnx.GraphProto, out: onnx.GraphProto) -> None:
-    # Every tensor by name in graphsurgeon's order (`gs.Graph.tensors`), which initializers and value_info follow.
+    # Every tensor by name in graphsurgeon's order (`gs.Graph.tensors`); initializers and value_info follow it.
     tensors: dict[str, gs.Tensor] = {tensor.name: tensor for tensor in graph.inputs}
     nodes = []
     for node in graph.nodes:
@@ -95,7 +95,8 @@ def _write_graph(graph: gs.Graph, source: onnx.GraphProto, out: onnx.GraphProto)
     interface = {tensor.name for tensor in (*graph.inputs, *graph.outputs)}
     out.value_info.extend(
         _declaration(tensor, declared) for name, tensor in tensors.items()
-        if name not in interface and isinstance(tensor, gs.Variable) and (tensor.dtype is not None or tensor.shape is not None)
+        if name not in interface and isinstance(tensor, gs.Variable)
+        and (tensor.dtype is not None or tensor.shape is not None)
     )
 
 
@@ -136,7 +137,9 @@ def _same_attributes(attrs: dict, protos) -> bool:
 def _attribute(name: str, value: object) -> onnx.AttributeProto:
     if isinstance(value, gs.Constant):
         return helper.make_attribute(name, _tensor_proto(value))
-    if not isinstance(value, _PLAIN_VALUES) and not (isinstance(value, list) and all(isinstance(v, _PLAIN_VALUES) for v in value)):
+    if not isinstance(value, _PLAIN_VALUES) and not (
+        isinstance(value, list) and all(isinstance(v, _PLAIN_VALUES) for v in value)
+    ):
         raise _NotCovered  # a subgraph, an attribute reference, a type: what gs.import_onnx read
     return helper.make_attribute(name, value)
 
