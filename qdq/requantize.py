@@ -157,15 +157,20 @@ def _requantize_stored(
         return (block - zero_point) * old_scale
 
     new_q, values = quantize_blocks(real, old_q.shape, scale, zp, axis, quant_type(elem_type), _np_type(elem_type))
+    _store_integers(ctx, qt, new_q)
+    return values
+
+
+def _store_integers(ctx: CheckContext, qt: QTensor, integers: np.ndarray) -> None:
+    """A new constant of stored integers, read by every DQ of the value."""
     name = ctx.value_name(qt)
-    constant = ctx.model.new_constant(ctx.new_name(f"{name}_requantized", replacing=qt.integer.name), new_q)
+    constant = ctx.model.new_constant(ctx.new_name(f"{name}_requantized", replacing=qt.integer.name), integers)
     for node in qt.dequantizes:
         _set_input(node, 0, constant)
     # The index outlives this edit (the fix driver keeps it while fixes only swap constants): point
     # the value at its new integers, or a second move in the same run would re-quantize the old
     # ones with the new scale, changing every weight by old scale / new scale.
     qt.integer = constant
-    return values
 
 
 def _pin_float_constant(
@@ -175,15 +180,20 @@ def _pin_float_constant(
     weights = effective_values(ctx, qt)
     if weights is None:
         return {}
-    name = ctx.value_name(qt)
-    constant = ctx.model.new_constant(ctx.new_name(f"{name}_effective", replacing=qt.float_input.name), weights)
-    _set_input(qt.quantize, 0, constant)
-    qt.float_input = constant  # as `qt.integer` for stored integers: a second move starts from these
+    _pin_float_input(ctx, qt, weights)
 
     def real(rows: slice) -> np.ndarray:
         return weights[rows].astype(np.float64)
 
     return quantize_blocks(real, weights.shape, scale, zp, axis, quant_type(elem_type), None)[1]
+
+
+def _pin_float_input(ctx: CheckContext, qt: QTensor, weights: np.ndarray) -> None:
+    """A new float constant for the value's Q to read."""
+    name = ctx.value_name(qt)
+    constant = ctx.model.new_constant(ctx.new_name(f"{name}_effective", replacing=qt.float_input.name), weights)
+    _set_input(qt.quantize, 0, constant)
+    qt.float_input = constant  # as `qt.integer` for stored integers: a second move starts from these
 
 
 def _write_integers(
@@ -199,17 +209,10 @@ def _write_integers(
         raise ValueError(f"{ctx.value_name(qt)}: integers computed in the graph cannot be replaced")
     s, z = along(scale, integers.ndim, axis), along(zp, integers.ndim, axis)
     stored = np.asarray(integers).astype(_np_type(elem_type))
-    name = ctx.value_name(qt)
     if qt.stored:
-        constant = ctx.model.new_constant(ctx.new_name(f"{name}_requantized", replacing=qt.integer.name), stored)
-        for node in qt.dequantizes:
-            _set_input(node, 0, constant)
-        qt.integer = constant  # see _requantize_stored
+        _store_integers(ctx, qt, stored)
     else:
-        real = ((stored.astype(np.float64) - z) * s).astype(before.dtype)
-        constant = ctx.model.new_constant(ctx.new_name(f"{name}_effective", replacing=qt.float_input.name), real)
-        _set_input(qt.quantize, 0, constant)
-        qt.float_input = constant
+        _pin_float_input(ctx, qt, ((stored.astype(np.float64) - z) * s).astype(before.dtype))
     held = stored.astype(np.float64)
     return RoundingCost.of(before.astype(np.float64), held, held, s, z).values()
 
