@@ -29,10 +29,13 @@ def all_pow2(scales: np.ndarray) -> bool:
         return is_pow2(float(values[0]))
     if values.size == 0:
         return False
-    if not np.all(np.isfinite(values) & (values > 0)):
-        return False
+    return bool(np.all(exact(values)))
+
+
+def exact(values: np.ndarray) -> np.ndarray:
+    """Elementwise `is_pow2` of a float64 array (mantissa 0.5: NaN, infinities, zero and negatives fail)."""
     mantissa, _ = np.frexp(values)
-    return bool(np.all(mantissa == 0.5))
+    return mantissa == 0.5
 
 
 def int_pos(scale: float) -> int:

@@ -18,6 +18,7 @@ from onnx import TensorProto, helper
 from qdq.dtypes import QuantType, quant_type
 from qdq.model import Model
 from qdq.ops import DEQUANTIZE, QDQ_DOMAINS, QDQ_OPS, QUANTIZE  # noqa: F401 - re-exported for the rules
+from qdq.param_table import ParamTable
 # Ops that pass a tensor through unchanged when they do not change its type.
 PASS_THROUGH_OPS = ("Identity", "Cast")
 
@@ -92,6 +93,8 @@ class QParams:
     block_size: int
     elem_type: int
     model: Model = field(repr=False)
+    # The index's columns, where the values of this node's parameters may already be decoded.
+    columns: ParamTable | None = field(default=None, repr=False)
 
     @property
     def is_quantize(self) -> bool:
@@ -140,7 +143,8 @@ class QParams:
         """Scale values as float64 (None when computed at run time)."""
         if self.scale_source is None:
             return None
-        return source_values(self.model, self.scale_source).astype(np.float64)
+        decoded = self.columns.values_of(self, "scale") if self.columns is not None else None
+        return decoded if decoded is not None else source_values(self.model, self.scale_source).astype(np.float64)
 
     @cached_property
     def zero_point(self) -> np.ndarray | None:
@@ -150,7 +154,8 @@ class QParams:
             return np.zeros(shape, dtype=np.float64)
         if self.zero_point_source is None:
             return None
-        return source_values(self.model, self.zero_point_source).astype(np.float64)
+        decoded = self.columns.values_of(self, "zero_point") if self.columns is not None else None
+        return decoded if decoded is not None else source_values(self.model, self.zero_point_source).astype(np.float64)
 
     def same_values(self, other: QParams, equal_nan: bool = False) -> bool:
         """Same scale, zero-point, axis and type: quantizing with one and dequantizing with the other is exact.
@@ -245,6 +250,7 @@ class QuantIndex:
             if node.op in QDQ_OPS and node.domain in QDQ_DOMAINS:
                 (self.quantizes if node.op == QUANTIZE else self.dequantizes).append(node)
                 self._params[id(node)] = self._read_params(node)
+        self.table = ParamTable(list(self._params.values()))
         self.graph_outputs = {id(t) for t in self.graph.outputs}
         self.graph_inputs = {id(t) for t in self.graph.inputs}
         # Facts derived from the graph's structure (which the index outlives only while fixes
@@ -307,7 +313,8 @@ class QuantIndex:
 
     def refresh(self, node: gs.Node) -> None:
         """Re-read one Q/DQ node's parameters after a fix swapped its scale or zero-point constant."""
-        self._params[id(node)] = self._read_params(node)
+        params = self._params[id(node)] = self._read_params(node)
+        self.table.replace(params)
 
     def _is_indexed(self, node: gs.Node, op: str) -> bool:
         return node.op == op and id(node) in self._params

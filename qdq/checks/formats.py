@@ -386,10 +386,13 @@ class NonPow2Scale(Rule):
         for name in ("rounding", "weight_rounding"):
             if ctx.params[name] not in _ROUNDINGS:
                 raise RuleSetError(f"{self.code}.{name} must be one of {', '.join(_ROUNDINGS)}, got {ctx.params[name]!r}")
+        table = ctx.index.table
+        pow2_rows = table.scale.every(pow2.exact)  # most scales, tested at once
         for qt, params, kind in _values(ctx):
             if kind == BIAS and params.elem_type in DEQUANTIZE_ONLY and ctx.params["exempt_int32_bias"]:
                 continue
-            if pow2.all_pow2(params.scale):
+            row = table.row_of.get(id(qt.nodes[0]))
+            if (row is not None and pow2_rows[row]) or pow2.all_pow2(params.scale):
                 continue
             # Blocked scales (int4 weight-only) are not re-quantized: left as they are.
             fixable = (not params.block_size and bool(np.all(np.isfinite(params.scale) & (params.scale > 0)))

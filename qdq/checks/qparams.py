@@ -9,9 +9,10 @@ from __future__ import annotations
 import math
 from typing import Iterable
 
+import numpy as np
 from onnx import TensorProto
 
-from qdq.dtypes import DEQUANTIZE_ONLY, type_name
+from qdq.dtypes import DEQUANTIZE_ONLY, QUANT_TYPES, type_name
 from qdq.quant_index import BLOCKED, PER_AXIS, QParams
 from qdq.rule import CheckContext, Finding, Rule, Severity, register
 
@@ -49,7 +50,11 @@ class InvalidScale(Rule):
     severity = Severity.ERROR
 
     def check(self, ctx: CheckContext) -> Iterable[Finding]:
-        for p in ctx.index.all_params():
+        table = ctx.index.table
+        # Decoded scales are all of a float type: finite and positive when their bounds are.
+        valid = (table.scale.low > 0) & (table.scale.high < math.inf)
+        for row in np.flatnonzero(~valid):
+            p = table.rows[row]
             if p.scale_source is None:
                 continue
             problem = _scale_problem(p)
@@ -90,7 +95,17 @@ class InvalidZeroPoint(Rule):
     severity = Severity.ERROR
 
     def check(self, ctx: CheckContext) -> Iterable[Finding]:
-        for p in ctx.index.all_params():
+        table = ctx.index.table
+        qmin, qmax = np.full(len(table.rows), np.nan), np.full(len(table.rows), np.nan)
+        for onnx_type in np.unique(table.elem_type):
+            qtype = QUANT_TYPES.get(int(onnx_type))
+            if qtype is not None and not qtype.is_float:
+                qmin[table.elem_type == onnx_type], qmax[table.elem_type == onnx_type] = qtype.qmin, qtype.qmax
+        producible = ~(table.is_quantize & np.isin(table.elem_type, list(DEQUANTIZE_ONLY)))
+        # Decoded zero-points are all of an integer type: valid when inside its range (NaN compares false).
+        valid = producible & (table.zero_point.low >= qmin) & (table.zero_point.high <= qmax)
+        for row in np.flatnonzero(~valid):
+            p = table.rows[row]
             problem = _zero_point_problem(p)
             if problem:
                 yield self.finding(ctx, p.node, [p.zero_point_input], op=p.node.op, problem=problem)
@@ -102,8 +117,10 @@ def _zero_point_problem(p: QParams) -> str | None:
         return f"type {type_name(p.elem_type)} is not a quantized type"
     if p.is_quantize and p.elem_type in DEQUANTIZE_ONLY:
         return f"QuantizeLinear cannot produce {qtype.name}"
+    if p.zero_point_input is None:
+        return None
     values = p.zero_point
-    if values is None or p.zero_point_input is None or values.size == 0:
+    if values is None or values.size == 0:
         return None  # no constant zero-point to check (an empty one goes with an empty scale: QDQ001)
     smallest, largest = float(values.min()), float(values.max())
     if qtype.is_float and (smallest != 0 or largest != 0):

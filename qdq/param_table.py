@@ -1,0 +1,158 @@
+"""The scales and zero-points of every Q/DQ node as columns: decoded in one pass, one row per node.
+
+Why: a 100k-node model has about 75k Q/DQ nodes, nearly all with one-element parameters. Read one
+at a time (a protobuf access, a numpy decode and a min and a max per parameter, twice per node),
+they cost seconds per lint and again per fix round. Here each element type is decoded by one
+`np.frombuffer` and every row reduced by one `reduceat`, so rules can test all rows at once and
+look closer only at the rows a test flags.
+
+Rows the fast path does not cover are left undecoded (`decoded` False, NaN bounds) and read one by
+one through `QParams`, as before: values behind a Cast, external data, float16 in typed fields,
+parameters computed at run time, and parameters a fix has replaced since the table was built.
+"""
+
+from __future__ import annotations
+
+import math
+from itertools import chain
+from typing import TYPE_CHECKING, Callable, Sequence
+
+import numpy as np
+from onnx import TensorProto
+
+if TYPE_CHECKING:  # the index builds the table from its rows; nothing here needs the index itself
+    from qdq.quant_index import ConstantSource, QParams
+
+EXTERNAL = TensorProto.EXTERNAL
+# Types the spec allows a scale to have: numpy's layout of their raw_data, and the typed field that
+# holds their values otherwise (bfloat16 has neither in numpy's terms, and a double scale is
+# invalid: both are read one by one).
+SCALE_TYPES = {TensorProto.FLOAT: (np.dtype("<f4"), "float_data"), TensorProto.FLOAT16: (np.dtype("<f2"), None)}
+# The same for integer zero-points (the 4-bit and float8 types are packed, and read one by one).
+ZERO_POINT_TYPES = {onnx_type: (np.dtype(layout), "int32_data") for onnx_type, layout in (
+    (TensorProto.INT8, "i1"), (TensorProto.UINT8, "u1"), (TensorProto.INT16, "<i2"), (TensorProto.UINT16, "<u2"),
+    (TensorProto.INT32, "<i4"))}
+
+
+class ParamColumn:
+    """One parameter of every row: its values (float64, read-only, rows back to back) and per-row bounds.
+
+    `low` and `high` are a row's smallest and largest value (NaN when a value is NaN, or when the
+    row is not decoded); `decoded` says which rows the column holds.
+    """
+
+    def __init__(self, rows: int):
+        self.values = np.zeros(0)
+        self.start = np.full(rows, -1, dtype=np.int64)
+        self.size = np.zeros(rows, dtype=np.int64)
+        self.low = np.full(rows, np.nan)
+        self.high = np.full(rows, np.nan)
+
+    @property
+    def decoded(self) -> np.ndarray:
+        return self.start >= 0
+
+    def of(self, row: int, shape: Sequence[int]) -> np.ndarray:
+        """A decoded row's values in their shape (a read-only view)."""
+        start = self.start[row]
+        return self.values[start:start + self.size[row]].reshape(shape)
+
+    def fill(self, sources: list[ConstantSource | None], types: dict[int, tuple[np.dtype, str | None]]) -> None:
+        """Decode every row whose source is a stored, inline, uncast constant of one of `types`.
+
+        A type maps to its numpy layout and the typed field that holds its values when raw_data
+        does not (onnx's writers use either: onnxruntime's quantizer writes `float_data`).
+        """
+        groups: dict[tuple[int, str], tuple[list[int], list]] = {}
+        for row, source in enumerate(sources):
+            found = _stored(source, types)
+            if found is not None:
+                rows, data = groups.setdefault((found[0].data_type, found[1]), ([], []))
+                rows.append(row)
+                data.append(found[2])
+        parts, offset = [], 0
+        for (data_type, field), (rows, data) in groups.items():
+            dtype = types[data_type][0]
+            if field == "raw_data":
+                sizes = np.fromiter(map(len, data), dtype=np.int64, count=len(data)) // dtype.itemsize
+                values = np.frombuffer(b"".join(data), dtype=dtype).astype(np.float64)
+            else:
+                sizes = np.fromiter(map(len, data), dtype=np.int64, count=len(data))
+                # Through the element type, as onnx.numpy_helper reads it (an int8 stored as 200 is -56).
+                values = np.fromiter(chain.from_iterable(data), dtype=np.float64).astype(dtype).astype(np.float64)
+            starts = np.cumsum(sizes) - sizes
+            where = np.asarray(rows, dtype=np.int64)
+            self.start[where], self.size[where] = starts + offset, sizes
+            self.low[where] = np.minimum.reduceat(values, starts)
+            self.high[where] = np.maximum.reduceat(values, starts)
+            parts.append(values)
+            offset += values.size
+        if parts:
+            self.values = np.concatenate(parts)
+        self.values.flags.writeable = False
+
+    def every(self, test: Callable[[np.ndarray], np.ndarray]) -> np.ndarray:
+        """Per row: True when the row is decoded and `test` holds for each of its values."""
+        failures = np.concatenate([[0], np.cumsum(~test(self.values))])
+        start = np.maximum(self.start, 0)  # forgotten rows leave gaps: count per row, not per run
+        return self.decoded & (failures[start + self.size] == failures[start])
+
+    def forget(self, row: int) -> None:
+        """Leave a row to be read one by one (its node's parameters were replaced, or it is new)."""
+        if row == self.start.size:
+            self.start, self.size = np.append(self.start, -1), np.append(self.size, 0)
+            self.low, self.high = np.append(self.low, np.nan), np.append(self.high, np.nan)
+        self.start[row], self.size[row], self.low[row], self.high[row] = -1, 0, np.nan, np.nan
+
+
+class ParamTable:
+    """Every Q/DQ node of an index as a row: its `QParams` and its decoded scale and zero-point columns."""
+
+    def __init__(self, rows: list[QParams]):
+        self.rows = rows
+        self.row_of = {id(p.node): row for row, p in enumerate(rows)}
+        self.elem_type = np.fromiter((p.elem_type for p in rows), dtype=np.int64, count=len(rows))
+        self.is_quantize = np.fromiter((p.is_quantize for p in rows), dtype=bool, count=len(rows))
+        self.scale = ParamColumn(len(rows))
+        self.scale.fill([p.scale_source for p in rows], SCALE_TYPES)
+        self.zero_point = ParamColumn(len(rows))
+        self.zero_point.fill([p.zero_point_source for p in rows], ZERO_POINT_TYPES)
+        for p in rows:  # QParams reads its values from here when it can (`values_of`)
+            p.columns = self
+
+    def values_of(self, params: QParams, which: str) -> np.ndarray | None:
+        """A node's decoded "scale" or "zero_point" in its shape (read-only), or None if not decoded."""
+        row, column = self.row_of.get(id(params.node)), getattr(self, which)
+        if row is None or column.start[row] < 0:
+            return None
+        source = params.scale_source if which == "scale" else params.zero_point_source
+        return column.of(row, source.constant.proto.dims)
+
+    def replace(self, params: QParams) -> None:
+        """A node was re-read after a fix swapped its parameters (or added it): its columns are stale."""
+        row = self.row_of.setdefault(id(params.node), len(self.rows))
+        if row == len(self.rows):
+            self.rows.append(params)
+            self.elem_type, self.is_quantize = np.append(self.elem_type, 0), np.append(self.is_quantize, False)
+        self.rows[row] = params
+        self.elem_type[row], self.is_quantize[row] = params.elem_type, params.is_quantize
+        self.scale.forget(row)
+        self.zero_point.forget(row)
+
+
+def _stored(source: ConstantSource | None, types: dict) -> tuple[TensorProto, str, object] | None:
+    """The TensorProto behind a source, the field holding its values and those values, when they are
+    inline and what the Q/DQ reads (no Cast on the way)."""
+    if source is None or (source.via and any(node.op == "Cast" for node in source.via)):
+        return None
+    proto = getattr(source.constant, "proto", None)  # a StoredConstant's, until a fix sets its values
+    known = types.get(proto.data_type) if proto is not None and proto.data_location != EXTERNAL else None
+    if known is None:
+        return None
+    dtype, typed = known
+    count = math.prod(proto.dims)
+    # Empty or short data is read one by one, where it gets its error message (Model.constant_values).
+    if proto.raw_data:
+        return (proto, "raw_data", proto.raw_data) if len(proto.raw_data) == count * dtype.itemsize else None
+    values = getattr(proto, typed) if typed is not None else ()
+    return (proto, typed, values) if count and len(values) == count else None

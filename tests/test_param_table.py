@@ -1,0 +1,107 @@
+"""The Q/DQ parameter columns (`qdq.param_table`) against onnx's own decoding, over the whole corpus.
+
+The columns are a fast path: every value they hold must be what `onnx.numpy_helper` reads from the
+same TensorProto, and the rules that test the columns at once (QDQ001, QDQ002, QDQ504) must report
+what their row-by-row checks report on every row.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import onnx_graphsurgeon as gs
+import pytest
+from onnx import numpy_helper
+from test_conformance import ENTRIES, Entry
+
+from qdq import pow2
+from qdq.checks.qparams import _scale_problem, _zero_point_problem
+from qdq.errors import ModelLoadError
+from qdq.model import load_model
+from qdq.param_table import ParamColumn
+from qdq.quant_index import QuantIndex
+from qdq.rule import CheckContext, Severity
+from qdq.ruleset import load_target
+
+
+def index_of(entry: Entry) -> QuantIndex:
+    try:
+        return QuantIndex(load_model(entry.path))
+    except ModelLoadError:
+        pytest.skip("qdq refuses this model")
+
+
+def onnx_values(source) -> np.ndarray:
+    """What onnx itself decodes from the TensorProto behind a parameter."""
+    return numpy_helper.to_array(source.constant.proto).astype(np.float64)
+
+
+@pytest.mark.parametrize("entry", ENTRIES, ids=lambda e: e.name)
+def test_columns_hold_what_onnx_reads(entry: Entry) -> None:
+    index = index_of(entry)
+    table = index.table
+    assert table.rows == list(index.all_params())
+    for which, sources in (("scale", [p.scale_source for p in table.rows]),
+                           ("zero_point", [p.zero_point_source for p in table.rows])):
+        column: ParamColumn = getattr(table, which)
+        for row in np.flatnonzero(column.decoded):
+            expected = onnx_values(sources[row])
+            got = table.values_of(table.rows[row], which)
+            assert got.shape == expected.shape and np.array_equal(got, expected, equal_nan=True), (which, row)
+            assert not got.flags.writeable  # rows share one buffer: a fix must never edit one in place
+            low, high = column.low[row], column.high[row]
+            if np.isnan(expected).any():
+                assert math.isnan(low) and math.isnan(high)
+            else:
+                assert (low, high) == (expected.min(), expected.max())
+
+
+def test_the_corpus_goes_through_the_columns() -> None:
+    """Guards the test above: nearly every corpus parameter is decoded in the columns, not one by one."""
+    decoded = total = 0
+    for entry in ENTRIES:
+        try:
+            table = QuantIndex(load_model(entry.path)).table
+        except ModelLoadError:
+            continue
+        decoded += int(table.scale.decoded.sum())
+        total += sum(p.scale_source is not None for p in table.rows)
+    assert total > 5000 and decoded / total > 0.95, (decoded, total)
+
+
+@pytest.mark.parametrize("entry", ENTRIES, ids=lambda e: e.name)
+def test_column_checks_report_what_row_checks_report(entry: Entry) -> None:
+    """QDQ001, QDQ002 and QDQ504 test the columns first; on every row the answer is the row-by-row one."""
+    index = index_of(entry)
+    rules = {rule.code: (rule, cfg) for rule, cfg in load_target("npu").enabled()}
+
+    def reported(code: str) -> list[str]:
+        rule, cfg = rules[code]
+        ctx = CheckContext(model=index.model, index=index, params=cfg.params, severity=Severity.ERROR)
+        return [f.message for f in rule.check(ctx)]
+
+    scale_problems = [p for p in index.all_params() if p.scale_source is not None and _scale_problem(p)]
+    zero_point_problems = [p for p in index.all_params() if _zero_point_problem(p)]
+    assert len(reported("QDQ001")) == len(scale_problems)
+    assert len(reported("QDQ002")) == len(zero_point_problems)
+    pow2_rows = index.table.scale.every(pow2.exact)
+    for row in np.flatnonzero(pow2_rows):
+        assert pow2.all_pow2(index.table.rows[row].scale)
+
+
+def test_a_replaced_row_is_read_again(builder, tmp_path) -> None:
+    """After a fix swaps a node's scale, the index re-reads it and the column no longer answers for it."""
+    x = builder.input("x", [1, 4])
+    builder.output(builder.qdq(builder.qdq(x, 0.5, name="a"), 0.25, name="b"), [1, 4])
+    index = QuantIndex(load_model(builder.save(tmp_path / "m.onnx")))
+    table = index.table
+    node = next(p.node for p in table.rows if p.node.name == "b_q")
+    row = table.row_of[id(node)]
+    assert table.scale.decoded.all() and index.params(node).scale == np.float32(0.25)
+    node.inputs[1] = gs.Constant("new_scale", np.array(0.125, np.float32))
+    index.refresh(node)
+    assert not table.scale.decoded[row] and index.params(node).scale == 0.125
+    assert table.rows[row] is index.params(node)
+    # The gap the forgotten row leaves does not shift its neighbours' answers.
+    assert table.scale.every(pow2.exact).tolist() == [r != row for r in range(len(table.rows))]
