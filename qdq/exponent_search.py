@@ -20,6 +20,7 @@ from pathlib import Path
 import numpy as np
 
 from qdq import progress
+from qdq.edits import EditLog
 from qdq.errors import RuleSetError
 from qdq.fix import FixResult, fix
 from qdq.model import Model, to_proto
@@ -80,7 +81,7 @@ def search_exponents(
                     break
                 progress.step(f"choosing positions on data: {evaluations + 1}/{budget} (rel L2 {best:.4g})")
                 candidate = dataclasses.replace(model, graph=model.graph.copy())
-                moved = _move(candidate, name, step)
+                moved = _move(candidate, name, step, EditLog(candidate.graph))
                 if not moved:
                     continue
                 evaluations += 1  # every candidate costs a fix; the rejected ones too
@@ -107,10 +108,11 @@ def _movable(model: Model) -> list[str]:
             if qt.nodes and pos_of(index, qt) is not None and role(index, qt) in (ACTIVATION, WEIGHT)]
 
 
-def _move(model: Model, name: str, step: int) -> list[Change]:
-    """Move value `name` by `step` positions (finer when positive); no change when it is gone."""
+def _move(model: Model, name: str, step: int, edits: EditLog) -> list[Change]:
+    """Move value `name` by `step` positions (finer when positive), through `edits`; no change when it is gone."""
     index = QuantIndex(model)
-    ctx = CheckContext(model=model, index=index, params={}, severity=Severity.ERROR, names=Names(model.graph))
+    ctx = CheckContext(model=model, index=index, params={}, severity=Severity.ERROR, names=Names(model.graph),
+                       edits=edits)
     for qt in index.qtensors:
         if qt.nodes and ctx.value_name(qt) == name:
             pos = pos_of(index, qt)

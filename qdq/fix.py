@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from qdq import progress
+from qdq.edits import EditLog
 from qdq.graph_tidy import tidy
 from qdq.lint import LintResult, lint
 from qdq.model import Model, gc_paused
@@ -104,9 +105,11 @@ def _fix(
             index = index or QuantIndex(model)
             if not index.has_qdq:
                 break
+            # Q/DQ nodes whose parameters a fix swaps are re-read at once: later fixes read them.
+            journal = EditLog(model.graph, on_params=index.refresh)
             check_ctx = CheckContext(model=model, index=index, params=cfg.params, severity=cfg.severity, ranges=ranges)
             fix_ctx = CheckContext(model=model, index=index, params=cfg.params, severity=cfg.severity, names=names,
-                                   ceilings=ceilings, ranges=ranges)
+                                   ceilings=ceilings, ranges=ranges, edits=journal)
             found[rule.code] = list(rule.check(check_ctx))
             made: list[Change] = []
             for finding in found[rule.code]:

@@ -13,6 +13,7 @@ from typing import Any, ClassVar, Iterable
 
 import onnx_graphsurgeon as gs
 
+from qdq.edits import EditLog
 from qdq.model import Model
 from qdq.quant_index import QTensor, QuantIndex
 from qdq.rewrite import Names
@@ -119,6 +120,8 @@ class CheckContext:
     ceilings: dict[str, float] = field(default_factory=dict)
     # Measured (min, max) of float tensors by name, from `qdq fix --calibrate`; None without data.
     ranges: dict[str, tuple[float, float]] | None = None
+    # What a fix changes the graph through (None for checks, which change nothing).
+    edits: EditLog | None = None
 
     @property
     def graph(self) -> gs.Graph:
@@ -157,7 +160,7 @@ class Rule:
         raise NotImplementedError
 
     def fix(self, ctx: CheckContext, finding: Finding) -> list[Change]:
-        """Apply the fix for one finding to ctx.model.graph and return what changed."""
+        """Apply the fix for one finding to ctx.model.graph, through ctx.edits, and return what changed."""
         raise NotImplementedError(f"{self.code} has no fix")
 
     @classmethod

@@ -291,8 +291,8 @@ def _insert_relu(ctx: CheckContext, qt: QTensor, code: str) -> Change:
     quantize, tensor = qt.quantize, qt.quantize.inputs[0]
     clipped = gs.Variable(ctx.new_name(f"{tensor.name}_relu"), dtype=tensor.dtype, shape=tensor.shape)
     relu = gs.Node("Relu", ctx.new_name(f"{tensor.name}_Relu"), inputs=[tensor], outputs=[clipped])
-    ctx.graph.nodes.append(relu)
-    quantize.inputs[0] = clipped
+    ctx.edits.add_node(relu)
+    ctx.edits.set_input(quantize, 0, clipped)
     after = f" after {tensor.inputs[0].op} {tensor.inputs[0].name}" if tensor.inputs else ""
     return Change(code, quantize.name, tensor.name, "clipped at 0 by the zero-point", f"Relu {relu.name}",
                   f"Relu re-inserted: the old zero point clipped at 0; no numeric cost, one Relu node{after} "
