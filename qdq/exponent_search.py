@@ -24,10 +24,10 @@ from qdq.edits import EditLog
 from qdq.errors import RuleSetError
 from qdq.fix import FixResult, fix
 from qdq.model import Model, to_proto
+from qdq.names import Names
 from qdq.operands import ACTIVATION, WEIGHT, pos_of, role
 from qdq.quant_index import QuantIndex
 from qdq.requantize import set_params
-from qdq.rewrite import Names
 from qdq.rule import Change, CheckContext, Severity
 from qdq.ruleset import RuleSet
 

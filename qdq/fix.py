@@ -20,8 +20,8 @@ from qdq.edits import EditLog
 from qdq.graph_tidy import tidy
 from qdq.lint import LintResult, lint
 from qdq.model import Model, gc_paused
+from qdq.names import Names
 from qdq.quant_index import QuantIndex
-from qdq.rewrite import Names
 from qdq.rule import Change, CheckContext, Finding, FixSafety
 from qdq.ruleset import RuleSet
 

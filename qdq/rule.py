@@ -15,8 +15,8 @@ import onnx_graphsurgeon as gs
 
 from qdq.edits import EditLog
 from qdq.model import Model
+from qdq.names import Names
 from qdq.quant_index import QTensor, QuantIndex
-from qdq.rewrite import Names
 
 
 class Severity(IntEnum):
