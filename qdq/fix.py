@@ -6,6 +6,10 @@ runs the whole sequence (the rule set's `fix-order`, the NPU catalogue's pass or
 in rounds until a round changes nothing, counting every change (unlike the reference tool,
 which stops after five rounds with a warning, defect D6). It then lints the result with the
 same rule set, so what is left is reported, never assumed fixed.
+
+Fixes change the graph through an `EditLog`; what a rule's log holds decides what follows it: a
+structural edit, a tidy and a new index; only constants swapped, nothing until the end of the
+round (the Q/DQ nodes whose parameters moved are re-read as the fixes swap them).
 """
 
 from __future__ import annotations
@@ -99,7 +103,7 @@ def _fix(
         # A fresh index on a tidy graph each round, and checks with lint's context: a round that
         # changes nothing has checked exactly what the final lint would, which then reuses it.
         index: QuantIndex | None = None
-        untidy = False  # changes since the last tidy (fixes that only swap constants can orphan Constant nodes)
+        untidy = False  # edits since the last tidy (a constant swapped out can leave the nodes that made it unused)
         for number, (rule, cfg) in enumerate(sequence, 1):
             progress.step(f"fixing, round {rounds}: {rule.code} {rule.name} ({number}/{len(sequence)})")
             index = index or QuantIndex(model)
@@ -117,10 +121,11 @@ def _fix(
                     made += rule.fix(fix_ctx, finding)
             if made:
                 log.info("round %d: %s changed %d value(s)", rounds, rule.code, len(made))
-                untidy = not rule.edits_graph
-                if rule.edits_graph:
-                    tidy(model.graph)
-                    index = None
+            if journal.structural:
+                tidy(model.graph)
+                index, untidy = None, False
+            elif journal.records:
+                untidy = True
             last_round += made
         changes += last_round
         if not last_round:

@@ -152,9 +152,6 @@ class Rule:
     severity: ClassVar[Severity] = Severity.WARNING
     fix_safety: ClassVar[FixSafety | None] = None
     parameters: ClassVar[dict[str, Any]] = {}
-    # False for fixes that only swap Q/DQ parameter constants (and refresh the index themselves),
-    # so the fix driver can keep its index instead of rebuilding it after them.
-    edits_graph: ClassVar[bool] = True
 
     def check(self, ctx: CheckContext) -> Iterable[Finding]:
         raise NotImplementedError

@@ -127,7 +127,6 @@ class RequantizeChain(_DequantizeQuantize):
     message = "DequantizeLinear {dequantize} → QuantizeLinear {node} requantizes (scale {old_scale} → {new_scale})"
     severity = Severity.INFO
     fix_safety = FixSafety.APPROXIMATE
-    edits_graph = False
     parameters = {"unify": False, "prefer": "coarser"}
 
     def check(self, ctx: CheckContext) -> Iterable[Finding]:
