@@ -71,7 +71,6 @@ class UnsupportedQuantType(Rule):
     message = "{role} {tensor} is {dtype}; the target supports {allowed}"
     severity = Severity.ERROR
     fix_safety = FixSafety.APPROXIMATE
-    edits_graph = False
     parameters = {"activation_types": [], "weight_types": [], "bias_types": [], **_RETYPE_PARAMETERS}
 
     def check(self, ctx: CheckContext) -> Iterable[Finding]:
@@ -168,7 +167,6 @@ class PerAxisScale(Rule):
     message = "{role} {tensor} is quantized per axis ({count} scales); the target needs one scale"
     severity = Severity.ERROR
     fix_safety = FixSafety.APPROXIMATE
-    edits_graph = False
     parameters = {"allow_per_axis": ["weight"]}
 
     def check(self, ctx: CheckContext) -> Iterable[Finding]:
@@ -379,7 +377,6 @@ class NonPow2Scale(Rule):
     message = "{role} {tensor} has scale {scale}, not a power of two"
     severity = Severity.ERROR
     fix_safety = FixSafety.APPROXIMATE
-    edits_graph = False
     parameters = {"rounding": "ceil", "weight_rounding": "ceil", "exempt_int32_bias": True}
 
     def check(self, ctx: CheckContext) -> Iterable[Finding]:
@@ -454,7 +451,6 @@ class ActivationType(Rule):
     message = "activation {tensor} is {dtype}; the target wants {expected}{how}"
     severity = Severity.WARNING
     fix_safety = FixSafety.EXACT
-    edits_graph = False
     parameters = _RETYPE_PARAMETERS
 
     def check(self, ctx: CheckContext) -> Iterable[Finding]:
@@ -539,7 +535,6 @@ class WeightAxis(Rule):
     message = "weight {tensor} of {op} {consumer} has per-channel scales along axis {axis}; its output channels are axis {expected}"
     severity = Severity.ERROR
     fix_safety = FixSafety.APPROXIMATE
-    edits_graph = False
     parameters = {"ops": ["Conv", "ConvTranspose", "Gemm", "MatMul"], "conv_transpose_axis": 1}
 
     def check(self, ctx: CheckContext) -> Iterable[Finding]:
