@@ -72,7 +72,7 @@ def search_exponents(
     allowed, result = _finding_keys(fixed), fixed.result
     best = _error(model, samples, wanted)
     log.info("exponent search: output rel L2 against the input model %.4g before", best)
-    changes, evaluations, improved = list(fixed.changes), 0, True
+    changes, edits, evaluations, improved = list(fixed.changes), list(fixed.edits), 0, True
     while improved and evaluations < budget:
         improved = False
         for name in _movable(model):
@@ -81,7 +81,8 @@ def search_exponents(
                     break
                 progress.step(f"choosing positions on data: {evaluations + 1}/{budget} (rel L2 {best:.4g})")
                 candidate = dataclasses.replace(model, graph=model.graph.copy())
-                moved = _move(candidate, name, step, EditLog(candidate.graph))
+                journal = EditLog(candidate.graph)
+                moved = _move(candidate, name, step, journal)
                 if not moved:
                     continue
                 evaluations += 1  # every candidate costs a fix; the rejected ones too
@@ -93,11 +94,12 @@ def search_exponents(
                     moved[0].description += f"; chosen on data: output rel L2 {best:.4g} → {error:.4g}"
                     moved[0].values["gain"] = best - error
                     changes += moved + refixed.changes
+                    edits += journal.records + refixed.edits
                     best, model.graph, result = error, candidate.graph, refixed.result
                     improved = True
                     break
     log.info("exponent search: %d evaluation(s), output rel L2 %.4g after", evaluations, best)
-    return dataclasses.replace(fixed, changes=changes, result=result)
+    return dataclasses.replace(fixed, changes=changes, result=result, edits=edits)
 
 
 def _movable(model: Model) -> list[str]:

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from qdq import progress
-from qdq.edits import EditLog
+from qdq.edits import EditLog, EditRecord
 from qdq.graph_tidy import tidy
 from qdq.lint import LintResult, lint
 from qdq.model import Model, gc_paused
@@ -48,6 +48,8 @@ class FixResult:
     exact_only: bool = False
     # The model the fixes edited, ready for `save_model`.
     model: Model | None = field(default=None, repr=False)
+    # Every graph edit, in the order the fixes made them, round after round.
+    edits: list[EditRecord] = field(default_factory=list, repr=False)
 
     def by_rule(self) -> dict[str, int]:
         """How many changes each rule made (a tensor moved twice counts twice)."""
@@ -63,6 +65,7 @@ class FixResult:
             "changes_by_rule": self.by_rule(),
             "changes": [c.to_dict() for c in self.changes],
             "remaining": [f.to_dict() for f in self.result.findings],
+            "edits_by_kind": dict(sorted(Counter(e.kind for e in self.edits).items())),
         }
 
 
@@ -95,6 +98,7 @@ def _fix(
     names = Names(model.graph)
     ceilings: dict[str, float] = {}
     changes: list[Change] = []
+    edits: list[EditRecord] = []
     converged, rounds, last_round = False, 0, []
     found: dict[str, list[Finding]] = {}
     while rounds < max_rounds:
@@ -126,6 +130,7 @@ def _fix(
                 index, untidy = None, False
             elif journal.records:
                 untidy = True
+            edits += journal.records
             last_round += made
         changes += last_round
         if not last_round:
@@ -135,4 +140,4 @@ def _fix(
             tidy(model.graph)  # drop the nodes the fixes left unused
     still = sorted({c.code for c in last_round}) if not converged else []
     result = lint(model, ruleset, ranges, checked=found if converged else None)
-    return FixResult(changes, rounds, converged, max_rounds, result, still, exact_only, model)
+    return FixResult(changes, rounds, converged, max_rounds, result, still, exact_only, model, edits)

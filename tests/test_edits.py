@@ -3,11 +3,17 @@ and the fix driver can tell structural edits from swapped constants."""
 
 from __future__ import annotations
 
+from collections import Counter
+
 import numpy as np
 import onnx_graphsurgeon as gs
 import pytest
+from test_conformance import ENTRIES
 
 from qdq.edits import ADD, ATTRIBUTE, CONSTANT, DETACH, INPUT, OUTPUT, PARAMS, VALUES, EditLog, EditRecord
+from qdq.fix import fix
+from qdq.model import load_model
+from qdq.ruleset import load_target
 
 
 def _graph() -> tuple[gs.Graph, dict]:
@@ -204,3 +210,13 @@ def test_records_are_data():
     assert record.to_dict() == {"kind": "params", "node": "dq", "slot": 1, "old": "s", "new": "s2"}
     with pytest.raises(AttributeError):
         record.kind = INPUT
+
+
+def test_the_fix_report_counts_the_edits_by_kind():
+    model = load_model(next(e.path for e in ENTRIES if e.name == "public/onnxruntime/dup_qdq.onnx"))
+    fixed = fix(model, load_target("trt"))
+    report = fixed.to_dict()
+    assert list(report) == ["rounds", "converged", "max_rounds", "exact_only", "still_changing", "changes_by_rule",
+                            "changes", "remaining", "edits_by_kind"]
+    assert report["edits_by_kind"] == dict(sorted(Counter(e.kind for e in fixed.edits).items()))
+    assert {INPUT, PARAMS} <= set(report["edits_by_kind"])  # QDQ102 rewires, QDQ503 and QDQ505 swap parameters
