@@ -1,16 +1,17 @@
 """The edit log: each operation changes the graph as graphsurgeon's own mutation does and says what it did,
-and the fix driver can tell structural edits from swapped constants."""
+the fix driver can tell structural edits from swapped constants, and no fix edits a graph behind its back."""
 
 from __future__ import annotations
 
-from collections import Counter
+from collections import Counter, defaultdict
 
 import numpy as np
 import onnx_graphsurgeon as gs
 import pytest
-from test_conformance import ENTRIES
+from test_conformance import ENTRIES, TARGETS, Entry
 
 from qdq.edits import ADD, ATTRIBUTE, CONSTANT, DETACH, INPUT, OUTPUT, PARAMS, VALUES, EditLog, EditRecord
+from qdq.errors import QdqError
 from qdq.fix import fix
 from qdq.model import load_model
 from qdq.ruleset import load_target
@@ -210,6 +211,43 @@ def test_records_are_data():
     assert record.to_dict() == {"kind": "params", "node": "dq", "slot": 1, "old": "s", "new": "s2"}
     with pytest.raises(AttributeError):
         record.kind = INPUT
+
+
+# --- no fix edits a graph behind the log's back -------------------------------------------------------------
+
+def _smallest(entries: list[Entry], per_tool: int = 2) -> list[Entry]:
+    """The `per_tool` smallest files of each quantizer (the manifest's `tool`): every family, in ~10 s."""
+    by_tool: dict[str, list[Entry]] = defaultdict(list)
+    for entry in entries:
+        by_tool[entry.tool].append(entry)
+    by_size = (sorted(group, key=lambda e: (e.path.stat().st_size, e.name)) for group in by_tool.values())
+    return [entry for group in by_size for entry in group[:per_tool]]
+
+
+def _wires(graph: gs.Graph) -> dict[str, Counter]:
+    """Each node name's (inputs, outputs) by tensor name; a Counter because some exporters repeat names."""
+    found: dict[str, Counter] = defaultdict(Counter)
+    for node in graph.nodes:
+        found[node.name][(tuple(t.name for t in node.inputs), tuple(t.name for t in node.outputs))] += 1
+    return found
+
+
+@pytest.mark.parametrize("target", TARGETS)
+@pytest.mark.parametrize("entry", _smallest(ENTRIES), ids=lambda e: e.name)
+def test_every_rewired_node_is_in_the_log(entry: Entry, target: str) -> None:
+    """Nodes the fixed graph has with other inputs or outputs than the input model's, or new ones, were all
+    touched through the log. Nodes the fixed graph lacks are left out: the driver's tidy dropped them because
+    nothing read them any more, and the edit that stopped reading them is the one compared."""
+    try:
+        model = load_model(entry.path)
+    except QdqError as exc:  # refusals are the conformance test's business
+        pytest.skip(f"qdq refuses this model: {exc}")
+    before = _wires(model.graph)
+    fixed = fix(model, load_target(target))
+    after = _wires(model.graph)
+    changed = {name for name, wires in after.items() if before.get(name) != wires}
+    touched = {record.node for record in fixed.edits}
+    assert changed <= touched, sorted(changed - touched)[:10]
 
 
 def test_the_fix_report_counts_the_edits_by_kind():
