@@ -20,13 +20,14 @@ from pathlib import Path
 import numpy as np
 
 from qdq import progress
+from qdq.edits import EditLog
 from qdq.errors import RuleSetError
 from qdq.fix import FixResult, fix
 from qdq.model import Model, to_proto
+from qdq.names import Names
 from qdq.operands import ACTIVATION, WEIGHT, pos_of, role
 from qdq.quant_index import QuantIndex
 from qdq.requantize import set_params
-from qdq.rewrite import Names
 from qdq.rule import Change, CheckContext, Severity
 from qdq.ruleset import RuleSet
 
@@ -71,7 +72,7 @@ def search_exponents(
     allowed, result = _finding_keys(fixed), fixed.result
     best = _error(model, samples, wanted)
     log.info("exponent search: output rel L2 against the input model %.4g before", best)
-    changes, evaluations, improved = list(fixed.changes), 0, True
+    changes, edits, evaluations, improved = list(fixed.changes), list(fixed.edits), 0, True
     while improved and evaluations < budget:
         improved = False
         for name in _movable(model):
@@ -80,7 +81,8 @@ def search_exponents(
                     break
                 progress.step(f"choosing positions on data: {evaluations + 1}/{budget} (rel L2 {best:.4g})")
                 candidate = dataclasses.replace(model, graph=model.graph.copy())
-                moved = _move(candidate, name, step)
+                journal = EditLog(candidate.graph)
+                moved = _move(candidate, name, step, journal)
                 if not moved:
                     continue
                 evaluations += 1  # every candidate costs a fix; the rejected ones too
@@ -92,11 +94,12 @@ def search_exponents(
                     moved[0].description += f"; chosen on data: output rel L2 {best:.4g} → {error:.4g}"
                     moved[0].values["gain"] = best - error
                     changes += moved + refixed.changes
+                    edits += journal.records + refixed.edits
                     best, model.graph, result = error, candidate.graph, refixed.result
                     improved = True
                     break
     log.info("exponent search: %d evaluation(s), output rel L2 %.4g after", evaluations, best)
-    return dataclasses.replace(fixed, changes=changes, result=result)
+    return dataclasses.replace(fixed, changes=changes, result=result, edits=edits)
 
 
 def _movable(model: Model) -> list[str]:
@@ -107,10 +110,11 @@ def _movable(model: Model) -> list[str]:
             if qt.nodes and pos_of(index, qt) is not None and role(index, qt) in (ACTIVATION, WEIGHT)]
 
 
-def _move(model: Model, name: str, step: int) -> list[Change]:
-    """Move value `name` by `step` positions (finer when positive); no change when it is gone."""
+def _move(model: Model, name: str, step: int, edits: EditLog) -> list[Change]:
+    """Move value `name` by `step` positions (finer when positive), through `edits`; no change when it is gone."""
     index = QuantIndex(model)
-    ctx = CheckContext(model=model, index=index, params={}, severity=Severity.ERROR, names=Names(model.graph))
+    ctx = CheckContext(model=model, index=index, params={}, severity=Severity.ERROR, names=Names(model.graph),
+                       edits=edits)
     for qt in index.qtensors:
         if qt.nodes and ctx.value_name(qt) == name:
             pos = pos_of(index, qt)

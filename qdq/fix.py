@@ -6,6 +6,10 @@ runs the whole sequence (the rule set's `fix-order`, the NPU catalogue's pass or
 in rounds until a round changes nothing, counting every change (unlike the reference tool,
 which stops after five rounds with a warning, defect D6). It then lints the result with the
 same rule set, so what is left is reported, never assumed fixed.
+
+Fixes change the graph through an `EditLog`; what a rule's log holds decides what follows it: a
+structural edit, a tidy and a new index; only constants swapped, nothing until the end of the
+round (the Q/DQ nodes whose parameters moved are re-read as the fixes swap them).
 """
 
 from __future__ import annotations
@@ -16,11 +20,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from qdq import progress
+from qdq.edits import EditLog, EditRecord
 from qdq.graph_tidy import tidy
 from qdq.lint import LintResult, lint
 from qdq.model import Model, gc_paused
+from qdq.names import Names
 from qdq.quant_index import QuantIndex
-from qdq.rewrite import Names
 from qdq.rule import Change, CheckContext, Finding, FixSafety
 from qdq.ruleset import RuleSet
 
@@ -43,6 +48,8 @@ class FixResult:
     exact_only: bool = False
     # The model the fixes edited, ready for `save_model`.
     model: Model | None = field(default=None, repr=False)
+    # Every graph edit, in the order the fixes made them, round after round.
+    edits: list[EditRecord] = field(default_factory=list, repr=False)
 
     def by_rule(self) -> dict[str, int]:
         """How many changes each rule made (a tensor moved twice counts twice)."""
@@ -58,6 +65,7 @@ class FixResult:
             "changes_by_rule": self.by_rule(),
             "changes": [c.to_dict() for c in self.changes],
             "remaining": [f.to_dict() for f in self.result.findings],
+            "edits_by_kind": dict(sorted(Counter(e.kind for e in self.edits).items())),
         }
 
 
@@ -90,6 +98,7 @@ def _fix(
     names = Names(model.graph)
     ceilings: dict[str, float] = {}
     changes: list[Change] = []
+    edits: list[EditRecord] = []
     converged, rounds, last_round = False, 0, []
     found: dict[str, list[Finding]] = {}
     while rounds < max_rounds:
@@ -98,15 +107,17 @@ def _fix(
         # A fresh index on a tidy graph each round, and checks with lint's context: a round that
         # changes nothing has checked exactly what the final lint would, which then reuses it.
         index: QuantIndex | None = None
-        untidy = False  # changes since the last tidy (fixes that only swap constants can orphan Constant nodes)
+        untidy = False  # edits since the last tidy (a constant swapped out can leave the nodes that made it unused)
         for number, (rule, cfg) in enumerate(sequence, 1):
             progress.step(f"fixing, round {rounds}: {rule.code} {rule.name} ({number}/{len(sequence)})")
             index = index or QuantIndex(model)
             if not index.has_qdq:
                 break
+            # Q/DQ nodes whose parameters a fix swaps are re-read at once: later fixes read them.
+            journal = EditLog(model.graph, on_params=index.refresh)
             check_ctx = CheckContext(model=model, index=index, params=cfg.params, severity=cfg.severity, ranges=ranges)
             fix_ctx = CheckContext(model=model, index=index, params=cfg.params, severity=cfg.severity, names=names,
-                                   ceilings=ceilings, ranges=ranges)
+                                   ceilings=ceilings, ranges=ranges, edits=journal)
             found[rule.code] = list(rule.check(check_ctx))
             made: list[Change] = []
             for finding in found[rule.code]:
@@ -114,10 +125,12 @@ def _fix(
                     made += rule.fix(fix_ctx, finding)
             if made:
                 log.info("round %d: %s changed %d value(s)", rounds, rule.code, len(made))
-                untidy = not rule.edits_graph
-                if rule.edits_graph:
-                    tidy(model.graph)
-                    index = None
+            if journal.structural:
+                tidy(model.graph)
+                index, untidy = None, False
+            elif journal.records:
+                untidy = True
+            edits += journal.records
             last_round += made
         changes += last_round
         if not last_round:
@@ -127,4 +140,4 @@ def _fix(
             tidy(model.graph)  # drop the nodes the fixes left unused
     still = sorted({c.code for c in last_round}) if not converged else []
     result = lint(model, ruleset, ranges, checked=found if converged else None)
-    return FixResult(changes, rounds, converged, max_rounds, result, still, exact_only, model)
+    return FixResult(changes, rounds, converged, max_rounds, result, still, exact_only, model, edits)

@@ -44,13 +44,11 @@ def read_through(ctx: CheckContext, consumer: gs.Node, slot: int, quantize: gs.N
         dequantize = readers[0]
     else:
         out = gs.Variable(ctx.new_name(f"{tensor.name}_dequantized"), dtype=tensor.dtype, shape=tensor.shape)
-        dequantize = gs.Node(DEQUANTIZE, ctx.new_name(f"{tensor.name}_DequantizeLinear"),
-                             inputs=list(quantize.inputs[1:]), outputs=[out])
-        dequantize.inputs.insert(0, quantize.outputs[0])
-        if "axis" in quantize.attrs:
-            dequantize.attrs["axis"] = quantize.attrs["axis"]
-        ctx.graph.nodes.append(dequantize)
-    consumer.inputs[slot] = dequantize.outputs[0]
+        attrs = {"axis": quantize.attrs["axis"]} if "axis" in quantize.attrs else {}
+        dequantize = gs.Node(DEQUANTIZE, ctx.new_name(f"{tensor.name}_DequantizeLinear"), attrs=attrs,
+                             inputs=[quantize.outputs[0], *quantize.inputs[1:]], outputs=[out])
+        ctx.edits.add_node(dequantize)
+    ctx.edits.set_input(consumer, slot, dequantize.outputs[0])
     return Change(code, consumer.name, tensor.name, "float", f"DQ({quantize.name})", reason)
 
 
@@ -115,7 +113,7 @@ def _new_quantize(ctx: CheckContext, tensor: gs.Tensor, params: list[gs.Tensor],
     out = gs.Variable(ctx.new_name(f"{tensor.name}_quantized"), dtype=dtype, shape=tensor.shape)
     quantize = gs.Node(QUANTIZE, ctx.new_name(f"{tensor.name}_QuantizeLinear"), inputs=[tensor, *params],
                        outputs=[out], attrs=attrs)
-    ctx.graph.nodes.append(quantize)
+    ctx.edits.add_node(quantize)
     return quantize
 
 
@@ -173,8 +171,8 @@ def read_dequantized(ctx: CheckContext, consumer: gs.Node, slot: int, integers: 
         gs.Constant(ctx.new_name(f"{constant.name}_scale"), scale),
         gs.Constant(ctx.new_name(f"{constant.name}_zero_point"), np.zeros(scale.shape, dtype=integers.dtype)),
     ], outputs=[out])
-    ctx.graph.nodes.append(dequantize)
-    consumer.inputs[slot] = out
+    ctx.edits.add_node(dequantize)
+    ctx.edits.set_input(consumer, slot, out)
 
 
 def describe_quantize(quantize: gs.Node) -> str:

@@ -95,16 +95,8 @@ def set_params(
     elif qt.quantize is not None and not _same_grid(first, new_scale, new_zp, new_axis, new_type):
         values = _pin_float_constant(ctx, qt, new_scale, new_zp, new_axis, new_type)
     for node in qt.nodes:
-        _set_input(node, 1, scale_const)
-        if zp_const is not None:
-            _set_input(node, 2, zp_const)
-        if "output_dtype" in node.attrs:
-            node.attrs["output_dtype"] = new_type
-        if new_scale.size > 1:
-            node.attrs["axis"] = new_axis
-        else:
-            node.attrs.pop("axis", None)
-        ctx.index.refresh(node)
+        dtype = {"output_dtype": new_type} if "output_dtype" in node.attrs else {}
+        ctx.edits.swap_params(node, scale_const, zp_const, axis=new_axis if new_scale.size > 1 else None, **dtype)
     values.update(_pos_shift(old_scale, new_scale))
     return [Change(code, qt.nodes[0].name, name, describe(old_scale, old_zp), describe(new_scale, new_zp),
                    cost_sentence(reason, values), values)]
@@ -166,7 +158,7 @@ def _store_integers(ctx: CheckContext, qt: QTensor, integers: np.ndarray) -> Non
     name = ctx.value_name(qt)
     constant = ctx.model.new_constant(ctx.new_name(f"{name}_requantized", replacing=qt.integer.name), integers)
     for node in qt.dequantizes:
-        _set_input(node, 0, constant)
+        ctx.edits.set_input(node, 0, constant)
     # The index outlives this edit (the fix driver keeps it while fixes only swap constants): point
     # the value at its new integers, or a second move in the same run would re-quantize the old
     # ones with the new scale, changing every weight by old scale / new scale.
@@ -192,7 +184,7 @@ def _pin_float_input(ctx: CheckContext, qt: QTensor, weights: np.ndarray) -> Non
     """A new float constant for the value's Q to read."""
     name = ctx.value_name(qt)
     constant = ctx.model.new_constant(ctx.new_name(f"{name}_effective", replacing=qt.float_input.name), weights)
-    _set_input(qt.quantize, 0, constant)
+    ctx.edits.set_input(qt.quantize, 0, constant)
     qt.float_input = constant  # as `qt.integer` for stored integers: a second move starts from these
 
 
@@ -315,9 +307,3 @@ def _same(a: np.ndarray, b: np.ndarray) -> bool:
 
 def _np_type(onnx_type: int) -> np.dtype:
     return np.dtype(helper.tensor_dtype_to_np_dtype(onnx_type))
-
-
-def _set_input(node: gs.Node, index: int, tensor: gs.Tensor) -> None:
-    while len(node.inputs) <= index:
-        node.inputs.append(gs.Variable.empty())
-    node.inputs[index] = tensor

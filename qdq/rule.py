@@ -13,9 +13,10 @@ from typing import Any, ClassVar, Iterable
 
 import onnx_graphsurgeon as gs
 
+from qdq.edits import EditLog
 from qdq.model import Model
+from qdq.names import Names
 from qdq.quant_index import QTensor, QuantIndex
-from qdq.rewrite import Names
 
 
 class Severity(IntEnum):
@@ -119,6 +120,8 @@ class CheckContext:
     ceilings: dict[str, float] = field(default_factory=dict)
     # Measured (min, max) of float tensors by name, from `qdq fix --calibrate`; None without data.
     ranges: dict[str, tuple[float, float]] | None = None
+    # What a fix changes the graph through (None for checks, which change nothing).
+    edits: EditLog | None = None
 
     @property
     def graph(self) -> gs.Graph:
@@ -149,15 +152,12 @@ class Rule:
     severity: ClassVar[Severity] = Severity.WARNING
     fix_safety: ClassVar[FixSafety | None] = None
     parameters: ClassVar[dict[str, Any]] = {}
-    # False for fixes that only swap Q/DQ parameter constants (and refresh the index themselves),
-    # so the fix driver can keep its index instead of rebuilding it after them.
-    edits_graph: ClassVar[bool] = True
 
     def check(self, ctx: CheckContext) -> Iterable[Finding]:
         raise NotImplementedError
 
     def fix(self, ctx: CheckContext, finding: Finding) -> list[Change]:
-        """Apply the fix for one finding to ctx.model.graph and return what changed."""
+        """Apply the fix for one finding to ctx.model.graph, through ctx.edits, and return what changed."""
         raise NotImplementedError(f"{self.code} has no fix")
 
     @classmethod

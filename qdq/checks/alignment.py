@@ -26,7 +26,6 @@ class _SharedScale(Rule):
 
     severity = Severity.WARNING
     fix_safety = FixSafety.APPROXIMATE
-    edits_graph = False
 
     def groups(self, ctx: CheckContext) -> Iterable[tuple[gs.Node, list[QTensor]]]:
         raise NotImplementedError

@@ -13,7 +13,6 @@ import numpy as np
 import onnx_graphsurgeon as gs
 
 from qdq.quant_index import PER_TENSOR, ConstantSource, QParams, QuantIndex, source_values
-from qdq.rewrite import set_input
 from qdq.rule import Change, CheckContext, Finding, FixSafety, Rule, Severity, register
 
 _SCALE, _ZERO_POINT = 1, 2
@@ -84,7 +83,7 @@ class NonScalarQParams(Rule):
         chain = _qparam_only_chain(held, ctx.index)
         if chain is not None:
             # Every reader is a Q/DQ parameter: reshape in place, and the shapes known along the way.
-            constant.values = ctx.model.constant_values(constant).reshape(())
+            ctx.edits.set_values(constant, ctx.model.constant_values(constant).reshape(()))
             for tensor in chain:
                 if isinstance(tensor, gs.Variable) and tensor.shape is not None:
                     tensor.shape = []
@@ -96,7 +95,7 @@ class NonScalarQParams(Rule):
             scalar = _existing_constant(ctx.graph, f"{constant.name}_scalar", values)
             if scalar is None:
                 scalar = gs.Constant(ctx.new_name(f"{constant.name}_scalar"), values)
-            set_input(p.node, slot, scalar)
+            ctx.edits.set_input(p.node, slot, scalar)
             target = scalar.name
         return Change(self.code, p.node.name, target, old_shape, [], f"{_slot_name(slot)} reshaped to a scalar")
 
@@ -177,7 +176,7 @@ class QParamPassThrough(Rule):
             root = _existing_constant(ctx.graph, f"{old.name}_const", values)
             if root is None:
                 root = gs.Constant(ctx.new_name(f"{old.name}_const"), values)
-        set_input(p.node, slot, root)
+        ctx.edits.set_input(p.node, slot, root)
         return [Change(self.code, p.node.name, old.name, old.name, root.name, f"{_slot_name(slot)} read directly")]
 
 
@@ -219,7 +218,7 @@ class PassThroughBetweenQDQ(Rule):
     def fix(self, ctx: CheckContext, finding: Finding) -> list[Change]:
         integer, dq = finding.subject
         old = dq.inputs[0]
-        set_input(dq, 0, integer)
+        ctx.edits.set_input(dq, 0, integer)
         return [Change(self.code, dq.name, old.name, old.name, integer.name, "DequantizeLinear reads the Q directly")]
 
 
@@ -248,6 +247,5 @@ class DanglingQDQ(Rule):
     def fix(self, ctx: CheckContext, finding: Finding) -> list[Change]:
         node = finding.subject
         name = node.outputs[0].name
-        node.inputs.clear()
-        node.outputs.clear()
+        ctx.edits.detach(node)
         return [Change(self.code, node.name, name, node.op, None, "removed")]

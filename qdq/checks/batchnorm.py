@@ -136,9 +136,8 @@ class UnfoldedBatchNorm(Rule):
         old = " + ".join([node.op] + [step.op for step in chain.steps])
         out = chain.steps[-1].outputs[0]
         for step in chain.steps:
-            step.inputs.clear()
-            step.outputs.clear()
-        node.outputs[0] = out
+            ctx.edits.detach(step)
+        ctx.edits.set_output(node, 0, out)
         return [Change(self.code, node.name, out.name, old, node.op, _sentence(chain, values), values)]
 
 
@@ -352,15 +351,15 @@ def _fold_weight(ctx: CheckContext, chain: _Chain) -> tuple[np.ndarray, dict]:
         new_name = ctx.new_name(f"{name}_folded", replacing=weight.integer.name)
         ints = ctx.model.new_constant(new_name, new_ints.astype(values.dtype))
         for dq in weight.dequantizes:
-            dq.inputs[0] = ints
+            ctx.edits.set_input(dq, 0, ints)
     else:
         folded = (factor * values.astype(np.float64)).astype(values.dtype)
         new_ints, unclipped = quantize(folded, scale_b, zero_point, qmin, qmax)
-        weight.quantize.inputs[0] = ctx.model.new_constant(ctx.new_name(f"{name}_folded"), folded)
+        ctx.edits.set_input(weight.quantize, 0, ctx.model.new_constant(ctx.new_name(f"{name}_folded"), folded))
     scale_type = _np_type(params.scale_source.elem_type)
     scale_constant = gs.Constant(ctx.new_name(f"{name}_scale"), np.asarray(new_scale, scale_type))
     for q_or_dq in weight.nodes:
-        q_or_dq.inputs[1] = scale_constant
+        ctx.edits.set_input(q_or_dq, 1, scale_constant)
     cost = RoundingCost.of(ideal, new_ints, unclipped, scale_b, zero_point).values()
     return new_scale, {"weight": mode, **cost}
 
@@ -392,14 +391,12 @@ def _fold_bias(ctx: CheckContext, chain: _Chain, weight_scale: np.ndarray) -> di
             inputs.append(gs.Constant(ctx.new_name(f"{name}_zero_point"), np.zeros(scale.shape, int_type)))
         bias = gs.Variable(name, dtype=float_type, shape=[chain.layout.channels])
         attrs = {"axis": 0} if scale.size > 1 else {}
-        ctx.graph.nodes.append(
+        ctx.edits.add_node(
             gs.Node("DequantizeLinear", name=ctx.new_name(f"{name}_dq"), attrs=attrs, inputs=inputs, outputs=[bias])
         )
-    while len(node.inputs) <= slot:
-        node.inputs.append(gs.Variable.empty())
-    node.inputs[slot] = bias
+    ctx.edits.set_input(node, slot, bias)
     if node.op == "Gemm":
-        node.attrs["beta"] = 1.0  # the old β is in `chain.bias` already
+        ctx.edits.set_attr(node, "beta", 1.0)  # the old β is in `chain.bias` already
     return values
 
 

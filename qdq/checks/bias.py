@@ -93,9 +93,8 @@ def _private(ctx: CheckContext, node: gs.Node, bias: QTensor) -> QTensor:
                       shape=dequantize.outputs[0].shape)
     private = gs.Node(dequantize.op, ctx.new_name(f"{node.name}_bias_DequantizeLinear"), attrs=dict(dequantize.attrs),
                       inputs=list(dequantize.inputs), outputs=[out], domain=dequantize.domain)
-    ctx.graph.nodes.append(private)
-    node.inputs[BIAS_INPUT[node.op]] = out
-    ctx.index.refresh(private)
+    ctx.edits.add_node(private)
+    ctx.edits.set_input(node, BIAS_INPUT[node.op], out)
     return QTensor(bias.integer, None, [private], None)
 
 
@@ -241,7 +240,7 @@ class QuantizedBias(Rule):
             return []
         old = node.inputs[slot].name
         base = f"{node.name}_bias" if finding.values["what"] == "bias" else f"{node.name}_input{slot}"
-        node.inputs[slot] = ctx.model.new_constant(ctx.new_name(base, replacing=old), values)
+        ctx.edits.set_input(node, slot, ctx.model.new_constant(ctx.new_name(base, replacing=old), values))
         return [Change(self.code, node.name, finding.tensors[0], finding.values["dtype"], str(values.dtype),
                        f"{node.name}: {finding.values['what']} folded into a float constant ({values.size} values, "
                        f"as onnxruntime computes {finding.values['form']})")]

@@ -111,7 +111,7 @@ class LeakyReluSlope(Rule):
         node: gs.Node = finding.subject
         old = finding.values["alpha"]
         new = finding.values["dpu_alpha"]
-        node.attrs["alpha"] = float(new)
+        ctx.edits.set_attr(node, "alpha", float(new))
         return [Change(self.code, node.name, None, old, new, f"alpha set to the DPU slope {finding.values['slope']}")]
 
 

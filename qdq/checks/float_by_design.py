@@ -24,7 +24,6 @@ from qdq.dtypes import type_name
 from qdq.insertion import float_type
 from qdq.operands import input_value
 from qdq.quant_index import PER_TENSOR, QuantIndex, resolve_constant
-from qdq.rewrite import replace_uses
 from qdq.rule import Change, CheckContext, Finding, FixSafety, Rule, Severity, register
 
 # What the rules below and QDQ801 read to decide that an op stays float; the size defaults (0)
@@ -171,11 +170,11 @@ class QuantizedSmallGemm(Rule):
                 folded = evaluate_constant(ctx, node.inputs[slot])
                 if folded is None:
                     continue
-                node.inputs[slot] = ctx.model.new_constant(ctx.new_name(f"{node.name}_input{slot}", replacing=old),
-                                                           folded)
+                constant = ctx.model.new_constant(ctx.new_name(f"{node.name}_input{slot}", replacing=old), folded)
+                ctx.edits.set_input(node, slot, constant)
                 how = f"folded into a float constant ({folded.size} values, as onnxruntime dequantized them)"
             else:
-                node.inputs[slot] = value.quantize.inputs[0]
+                ctx.edits.set_input(node, slot, value.quantize.inputs[0])
                 how = f"reads {value.quantize.inputs[0].name}, the float tensor {value.quantize.name} quantized"
             changes.append(Change(self.code, node.name, old, "dequantized", "float",
                                   f"{node.name}: input {slot} {how}, since the {node.op} has {finding.values['why']}"))
@@ -231,10 +230,10 @@ class QdqOnGraphOutput(Rule):
         zero_point, scale = float(params.zero_point.ravel()[0]), float(params.scale.ravel()[0])
         dtype = float_type(source)
         low, high = (np.asarray((q - zero_point) * scale, dtype=dtype) for q in (params.qtype.qmin, params.qtype.qmax))
-        dequantize.outputs.clear()
+        ctx.edits.detach(dequantize)
         bounds = [gs.Constant(ctx.new_name(f"{output.name}_{end}"), value) for end, value in (("min", low), ("max", high))]
-        ctx.graph.nodes.append(gs.Node("Clip", ctx.new_name(f"{output.name}_Clip"), inputs=[source, *bounds],
-                                       outputs=[output]))
+        ctx.edits.add_node(gs.Node("Clip", ctx.new_name(f"{output.name}_Clip"), inputs=[source, *bounds],
+                                   outputs=[output]))
         return [Change(self.code, dequantize.name, output.name, "Q → DQ", f"Clip({low:g}, {high:g})",
                        f"graph output {output.name} is the float {source.name}, clipped to the range "
                        f"{quantize.name} held; the Q/DQ pair is gone")]
@@ -315,7 +314,7 @@ class QdqBeforeFloatOp(Rule):
         value = finding.subject
         source = value.quantize.inputs[0]
         for dequantize in value.dequantizes:
-            replace_uses(dequantize.outputs[0], source)
+            ctx.edits.replace_uses(dequantize.outputs[0], source)
         return [Change(self.code, value.quantize.name, source.name, "Q → DQ", "float",
                        f"Q/DQ removed: {finding.values['readers']} read {source.name} in float")]
 

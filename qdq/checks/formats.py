@@ -71,7 +71,6 @@ class UnsupportedQuantType(Rule):
     message = "{role} {tensor} is {dtype}; the target supports {allowed}"
     severity = Severity.ERROR
     fix_safety = FixSafety.APPROXIMATE
-    edits_graph = False
     parameters = {"activation_types": [], "weight_types": [], "bias_types": [], **_RETYPE_PARAMETERS}
 
     def check(self, ctx: CheckContext) -> Iterable[Finding]:
@@ -168,7 +167,6 @@ class PerAxisScale(Rule):
     message = "{role} {tensor} is quantized per axis ({count} scales); the target needs one scale"
     severity = Severity.ERROR
     fix_safety = FixSafety.APPROXIMATE
-    edits_graph = False
     parameters = {"allow_per_axis": ["weight"]}
 
     def check(self, ctx: CheckContext) -> Iterable[Finding]:
@@ -291,8 +289,8 @@ def _insert_relu(ctx: CheckContext, qt: QTensor, code: str) -> Change:
     quantize, tensor = qt.quantize, qt.quantize.inputs[0]
     clipped = gs.Variable(ctx.new_name(f"{tensor.name}_relu"), dtype=tensor.dtype, shape=tensor.shape)
     relu = gs.Node("Relu", ctx.new_name(f"{tensor.name}_Relu"), inputs=[tensor], outputs=[clipped])
-    ctx.graph.nodes.append(relu)
-    quantize.inputs[0] = clipped
+    ctx.edits.add_node(relu)
+    ctx.edits.set_input(quantize, 0, clipped)
     after = f" after {tensor.inputs[0].op} {tensor.inputs[0].name}" if tensor.inputs else ""
     return Change(code, quantize.name, tensor.name, "clipped at 0 by the zero-point", f"Relu {relu.name}",
                   f"Relu re-inserted: the old zero point clipped at 0; no numeric cost, one Relu node{after} "
@@ -379,7 +377,6 @@ class NonPow2Scale(Rule):
     message = "{role} {tensor} has scale {scale}, not a power of two"
     severity = Severity.ERROR
     fix_safety = FixSafety.APPROXIMATE
-    edits_graph = False
     parameters = {"rounding": "ceil", "weight_rounding": "ceil", "exempt_int32_bias": True}
 
     def check(self, ctx: CheckContext) -> Iterable[Finding]:
@@ -457,7 +454,6 @@ class ActivationType(Rule):
     message = "activation {tensor} is {dtype}; the target wants {expected}{how}"
     severity = Severity.WARNING
     fix_safety = FixSafety.EXACT
-    edits_graph = False
     parameters = _RETYPE_PARAMETERS
 
     def check(self, ctx: CheckContext) -> Iterable[Finding]:
@@ -542,7 +538,6 @@ class WeightAxis(Rule):
     message = "weight {tensor} of {op} {consumer} has per-channel scales along axis {axis}; its output channels are axis {expected}"
     severity = Severity.ERROR
     fix_safety = FixSafety.APPROXIMATE
-    edits_graph = False
     parameters = {"ops": ["Conv", "ConvTranspose", "Gemm", "MatMul"], "conv_transpose_axis": 1}
 
     def check(self, ctx: CheckContext) -> Iterable[Finding]:

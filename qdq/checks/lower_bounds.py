@@ -60,7 +60,6 @@ class ClippedZeroPoint(Rule):
                "{expected} keeps its grid and puts that bound at the type minimum")
     severity = Severity.WARNING
     fix_safety = FixSafety.APPROXIMATE
-    edits_graph = False
     parameters = {
         "lower_bounds": {"Relu": 0.0, "Sigmoid": 0.0, SILU: -0.2784646},
         "carry": ["MaxPool", "Reshape", "Transpose", "Squeeze", "Unsqueeze", "Flatten", "Slice", "Resize", "Concat"],

@@ -23,7 +23,6 @@ from qdq.insertion import quantize_for, quantize_hint, read_through
 from qdq.operands import BIAS_INPUT, WEIGHT_INPUT
 from qdq.quant_index import DEQUANTIZE, QUANTIZE, resolve_constant
 from qdq.requantize import describe
-from qdq.rewrite import replace_uses
 from qdq.rule import Change, CheckContext, Finding, FixSafety, Rule, Severity, register
 
 
@@ -196,12 +195,12 @@ class FixedRangeOutput(Rule):
         scale_const = gs.Constant(ctx.new_name(f"{out.name}_scale"), np.asarray(scale, dtype=scale_type))
         zp_const = gs.Constant(ctx.new_name(f"{out.name}_zero_point"), np.asarray(zero_point, dtype=ctx.params["dtype"]))
         dequantized = gs.Variable(ctx.new_name(f"{out.name}_dequantized"), dtype=out.dtype, shape=out.shape)
-        replace_uses(out, dequantized)
+        ctx.edits.replace_uses(out, dequantized)
         integers = gs.Variable(ctx.new_name(f"{out.name}_quantized"), dtype=np.dtype(ctx.params["dtype"]), shape=out.shape)
-        ctx.graph.nodes.append(gs.Node(QUANTIZE, ctx.new_name(f"{out.name}_QuantizeLinear"),
-                                       inputs=[out, scale_const, zp_const], outputs=[integers]))
-        ctx.graph.nodes.append(gs.Node(DEQUANTIZE, ctx.new_name(f"{out.name}_DequantizeLinear"),
-                                       inputs=[integers, scale_const, zp_const], outputs=[dequantized]))
+        ctx.edits.add_node(gs.Node(QUANTIZE, ctx.new_name(f"{out.name}_QuantizeLinear"),
+                                   inputs=[out, scale_const, zp_const], outputs=[integers]))
+        ctx.edits.add_node(gs.Node(DEQUANTIZE, ctx.new_name(f"{out.name}_DequantizeLinear"),
+                                   inputs=[integers, scale_const, zp_const], outputs=[dequantized]))
         new = f"{ctx.params['dtype']} {describe(np.asarray(scale), np.asarray(zero_point))}"
         reason = (f"{node.op} output range [{low:g}, {high:g}] is fixed: Q/DQ without data so the {node.op} and its "
                   f"consumers can run as integer ops; values move by at most one step ({scale:.6g})")

@@ -13,7 +13,6 @@ import numpy as np
 
 from qdq.checks.alignment import can_share, share_params
 from qdq.quant_index import PER_TENSOR, QParams
-from qdq.rewrite import replace_uses
 from qdq.rule import Change, CheckContext, Finding, FixSafety, Rule, Severity, register
 
 
@@ -105,7 +104,7 @@ class NoopRequantize(_DequantizeQuantize):
     def fix(self, ctx: CheckContext, finding: Finding) -> list[Change]:
         dq, q = finding.subject
         integer, out = dq.node.inputs[0], q.node.outputs[0]
-        replace_uses(out, integer)
+        ctx.edits.replace_uses(out, integer)
         return [Change(self.code, q.node.name, out.name, out.name, integer.name,
                        f"readers of {out.name} now read {integer.name}; {q.node.name} is unused")]
 
@@ -128,7 +127,6 @@ class RequantizeChain(_DequantizeQuantize):
     message = "DequantizeLinear {dequantize} → QuantizeLinear {node} requantizes (scale {old_scale} → {new_scale})"
     severity = Severity.INFO
     fix_safety = FixSafety.APPROXIMATE
-    edits_graph = False
     parameters = {"unify": False, "prefer": "coarser"}
 
     def check(self, ctx: CheckContext) -> Iterable[Finding]:
@@ -190,6 +188,6 @@ class DuplicateQuantize(Rule):
     def fix(self, ctx: CheckContext, finding: Finding) -> list[Change]:
         first, other = finding.subject
         kept, dropped = first.node.outputs[0], other.node.outputs[0]
-        replace_uses(dropped, kept)
+        ctx.edits.replace_uses(dropped, kept)
         return [Change(self.code, other.node.name, dropped.name, dropped.name, kept.name,
                        f"readers of {dropped.name} now read {kept.name}; {other.node.name} is unused")]

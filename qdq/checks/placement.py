@@ -327,7 +327,7 @@ class QdqInFusedBranch(_ResidualRule):
     def fix(self, ctx: CheckContext, finding: Finding) -> list[Change]:
         node, slot, quantize = finding.subject
         before = quantize.inputs[0]
-        node.inputs[slot] = before
+        ctx.edits.set_input(node, slot, before)
         return [Change(self.code, node.name, before.name, f"Q/DQ ({describe_quantize(quantize)})", "float",
                        f"removed {quantize.name} and its DQ so the Conv and the Add fuse")]
 
@@ -397,7 +397,7 @@ class QdqBeforeActivation(Rule):
 
     def fix(self, ctx: CheckContext, finding: Finding) -> list[Change]:
         node, slot, source, quantize = finding.subject
-        node.inputs[slot] = source
+        ctx.edits.set_input(node, slot, source)
         return [Change(self.code, node.name, source.name, f"Q/DQ ({describe_quantize(quantize)})", "float",
                        f"removed {quantize.name} and its DQ so the activation fuses into the conv")]
 
@@ -443,7 +443,7 @@ class UnsharedActivatedResidual(_ResidualRule):
         out = gs.Variable(ctx.new_name(f"{tensor.name}_quantized"), dtype=dtype, shape=tensor.shape)
         quantize = gs.Node(QUANTIZE, ctx.new_name(f"{tensor.name}_QuantizeLinear"),
                            inputs=[tensor, *residual.inputs[1:]], outputs=[out])
-        ctx.graph.nodes.append(quantize)
+        ctx.edits.add_node(quantize)
         reason = "quantized with the residual's scale, as NVIDIA's yolov7 QAT rules do"
         return [read_through(ctx, node, slot, quantize, self.code, reason)]
 

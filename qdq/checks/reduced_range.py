@@ -17,7 +17,6 @@ from qdq.dtypes import QuantType
 from qdq.ops import DEQUANTIZE
 from qdq.quant_index import PER_TENSOR, QTensor, resolve_constant, source_values
 from qdq.requantize import set_params
-from qdq.rewrite import set_input
 from qdq.rule import Change, CheckContext, Finding, FixSafety, Rule, Severity, register
 
 
@@ -110,7 +109,7 @@ class ReducedRangeQuantizer(Rule):
             changes += set_params(ctx, value, new_scale, self.code, reason, zero_point=new_zp)
         for reader in readers:
             for dq in reader.dequantizes:
-                set_input(dq, 0, qt.integer)
+                ctx.edits.set_input(dq, 0, qt.integer)
         if not changes:  # the grid stays: only the Clip goes
             changes.append(Change(self.code, clips[0].name, ctx.value_name(qt), clip, None, reason))
         for change in changes:

@@ -32,7 +32,6 @@ class _ShiftRule(Rule):
 
     severity = Severity.ERROR
     fix_safety = FixSafety.APPROXIMATE
-    edits_graph = False
 
     def output(self, ctx: CheckContext, node: gs.Node) -> QTensor | None:
         return output_value(ctx.index, node, ctx.params["output_through"], ctx.params["output_through_mul"])

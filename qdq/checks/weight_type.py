@@ -87,7 +87,6 @@ class SaturatingWeightType(Rule):
                "{pair_limit}, so the target wants {expected} weights{how}")
     severity = Severity.WARNING
     fix_safety = FixSafety.APPROXIMATE
-    edits_graph = False
     # input_mean_ratio: μ²/σ² of the inputs, weighing a channel's summed weight error against its squared
     # error (`nearest_safe_weights`); 1/(π − 1) ≈ 0.467 is that of a Relu of a zero-mean Gaussian.
     parameters = {"ops": [], "pair_limit": 32767, "weights": "7-bit", "uint8_channels": 0,

@@ -1,28 +1,8 @@
-"""Small graph edits shared by fixes: rewiring consumers and replacing constants."""
+"""Names for the tensors and nodes fixes create: new to the graph, and traceable to the tensor they replace."""
 
 from __future__ import annotations
 
 import onnx_graphsurgeon as gs
-
-
-def replace_uses(old: gs.Tensor, new: gs.Tensor) -> int:
-    """Make every node that reads `old` read `new` instead; returns how many inputs changed.
-
-    Graph outputs are left alone: their names are the model's interface.
-    """
-    changed = 0
-    for consumer in list(old.outputs):
-        for i, tensor in enumerate(consumer.inputs):
-            if tensor is old:
-                consumer.inputs[i] = new
-                changed += 1
-    return changed
-
-
-def set_input(node: gs.Node, index: int, tensor: gs.Tensor) -> None:
-    """Point one input of a node at another tensor (graphsurgeon keeps both sides linked)."""
-    node.inputs[index] = tensor
-
 
 
 class Names:
