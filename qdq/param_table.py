@@ -15,13 +15,14 @@ from __future__ import annotations
 
 import math
 from itertools import chain
-from typing import TYPE_CHECKING, Callable, Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
 from onnx import TensorProto
 
-if TYPE_CHECKING:  # the index builds the table from its rows; nothing here needs the index itself
-    from qdq.quant_index import ConstantSource, QParams
+# Rows are `qdq.quant_index.QParams` and sources its `ConstantSource`s, typed `Any` here: the index
+# builds the table, so importing it back would close an import circle.
+QParams = ConstantSource = Any
 
 EXTERNAL = TensorProto.EXTERNAL
 # Types the spec allows a scale to have: numpy's layout of their raw_data, and the typed field that
