@@ -124,10 +124,12 @@ class ParamTable:
     def values_of(self, params: QParams, which: str) -> np.ndarray | None:
         """A node's decoded "scale" or "zero_point" in its shape (read-only), or None if not decoded."""
         row, column = self.row_of.get(id(params.node)), getattr(self, which)
-        if row is None or column.start[row] < 0:
-            return None
         source = params.scale_source if which == "scale" else params.zero_point_source
-        return column.of(row, source.constant.proto.dims)
+        # A constant whose values a fix replaced in place has dropped its proto: read it one by one.
+        proto = getattr(source.constant, "proto", None) if source is not None else None
+        if row is None or column.start[row] < 0 or proto is None:
+            return None
+        return column.of(row, proto.dims)
 
     def replace(self, params: QParams) -> None:
         """A node was re-read after a fix swapped its parameters (or added it): its columns are stale."""

@@ -105,3 +105,13 @@ def test_a_replaced_row_is_read_again(builder, tmp_path) -> None:
     assert table.rows[row] is index.params(node)
     # The gap the forgotten row leaves does not shift its neighbours' answers.
     assert table.scale.every(pow2.exact).tolist() == [r != row for r in range(len(table.rows))]
+
+
+def test_a_constant_replaced_in_place_is_not_read_from_the_columns(builder, tmp_path) -> None:
+    """QDQ201 reshapes a scale constant in place: the column still holds the old bytes, so it must not answer."""
+    builder.output(builder.qdq(builder.input("x", [1, 4]), 0.5, name="a"), [1, 4])
+    table = QuantIndex(load_model(builder.save(tmp_path / "m.onnx"))).table
+    params = table.rows[0]
+    assert table.values_of(params, "scale") == np.float32(0.5)
+    params.scale_source.constant.values = np.array([0.25], np.float32)
+    assert table.values_of(params, "scale") is None
