@@ -101,12 +101,13 @@ def _fix(
     edits: list[EditRecord] = []
     converged, rounds, last_round = False, 0, []
     found: dict[str, list[Finding]] = {}
+    index: QuantIndex | None = None
     while rounds < max_rounds:
         rounds += 1
         last_round, found = [], {}
         # A fresh index on a tidy graph each round, and checks with lint's context: a round that
         # changes nothing has checked exactly what the final lint would, which then reuses it.
-        index: QuantIndex | None = None
+        index = None
         untidy = False  # edits since the last tidy (a constant swapped out can leave the nodes that made it unused)
         for number, (rule, cfg) in enumerate(sequence, 1):
             progress.step(f"fixing, round {rounds}: {rule.code} {rule.name} ({number}/{len(sequence)})")
@@ -139,5 +140,6 @@ def _fix(
         if untidy:
             tidy(model.graph)  # drop the nodes the fixes left unused
     still = sorted({c.code for c in last_round}) if not converged else []
-    result = lint(model, ruleset, ranges, checked=found if converged else None)
+    # A round that changed nothing checked exactly this graph: the final lint reuses its findings and index.
+    result = lint(model, ruleset, ranges, checked=found if converged else None, index=index if converged else None)
     return FixResult(changes, rounds, converged, max_rounds, result, still, exact_only, model, edits)

@@ -122,11 +122,13 @@ def lint(
     ruleset: RuleSet,
     ranges: dict[str, tuple[float, float]] | None = None,
     checked: dict[str, list[Finding]] | None = None,
+    index: QuantIndex | None = None,
 ) -> LintResult:
     """Check a model against every enabled rule of the set; findings sorted by severity, then code.
 
     With measured `ranges` (calibration), findings whose fix needs data are reported as fixable.
-    `checked` holds findings of rules already run on this very graph (by code), which are not run again.
+    `checked` holds findings of rules already run on this very graph (by code), which are not run again;
+    `index` is this very graph's quantization index when the caller has one (building it costs seconds at 100k nodes).
     """
     findings: list[Finding] = []
     rules_run: list[str] = []
@@ -134,7 +136,7 @@ def lint(
     # The rules allocate many small objects next to a graph of millions; with the cyclic
     # collector on, its full passes over the graph took a quarter of lint time at 100k nodes.
     with gc_paused():
-        index = QuantIndex(model)
+        index = index or QuantIndex(model)
         if not index.has_qdq:
             notes.append("the model has no QuantizeLinear or DequantizeLinear nodes: nothing to check")
         enabled = ruleset.enabled() if index.has_qdq else []
