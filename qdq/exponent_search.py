@@ -28,7 +28,7 @@ from qdq.names import Names
 from qdq.operands import ACTIVATION, WEIGHT, pos_of, role
 from qdq.quant_index import QuantIndex
 from qdq.requantize import set_params
-from qdq.rule import Change, CheckContext, Severity
+from qdq.rule import Change, CheckContext, FixContext, Severity
 from qdq.ruleset import RuleSet
 
 log = logging.getLogger("qdq")
@@ -113,8 +113,8 @@ def _movable(model: Model) -> list[str]:
 def _move(model: Model, name: str, step: int, edits: EditLog) -> list[Change]:
     """Move value `name` by `step` positions (finer when positive), through `edits`; no change when it is gone."""
     index = QuantIndex(model)
-    ctx = CheckContext(model=model, index=index, params={}, severity=Severity.ERROR, names=Names(model.graph),
-                       edits=edits)
+    ctx = FixContext(model=model, index=index, params={}, severity=Severity.ERROR, edits=edits,
+                     names=Names(model.graph))
     for qt in index.qtensors:
         if qt.nodes and ctx.value_name(qt) == name:
             pos = pos_of(index, qt)

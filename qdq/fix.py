@@ -26,7 +26,7 @@ from qdq.lint import LintResult, lint
 from qdq.model import Model, gc_paused
 from qdq.names import Names
 from qdq.quant_index import QuantIndex
-from qdq.rule import Change, CheckContext, Finding, FixSafety
+from qdq.rule import Change, CheckContext, Finding, FixContext, FixSafety, ScaleCeilings
 from qdq.ruleset import RuleSet
 
 log = logging.getLogger("qdq")
@@ -95,8 +95,7 @@ def _fix(
     sequence = [
         (rule, cfg) for rule, cfg in ruleset.fix_sequence() if not exact_only or rule.fix_safety == FixSafety.EXACT
     ]
-    names = Names(model.graph)
-    ceilings: dict[str, float] = {}
+    names, ceilings = Names(model.graph), ScaleCeilings()
     changes: list[Change] = []
     edits: list[EditRecord] = []
     converged, rounds, last_round = False, 0, []
@@ -117,8 +116,8 @@ def _fix(
             # Q/DQ nodes whose parameters a fix swaps are re-read at once: later fixes read them.
             journal = EditLog(model.graph, on_params=index.refresh)
             check_ctx = CheckContext(model=model, index=index, params=cfg.params, severity=cfg.severity, ranges=ranges)
-            fix_ctx = CheckContext(model=model, index=index, params=cfg.params, severity=cfg.severity, names=names,
-                                   ceilings=ceilings, ranges=ranges, edits=journal)
+            fix_ctx = FixContext(model=model, index=index, params=cfg.params, severity=cfg.severity, ranges=ranges,
+                                 edits=journal, names=names, ceilings=ceilings)
             found[rule.code] = list(rule.check(check_ctx))
             made: list[Change] = []
             for finding in found[rule.code]:

@@ -22,7 +22,7 @@ from qdq.dtypes import quant_type
 from qdq.quant_index import DEQUANTIZE, QDQ_DOMAINS, QUANTIZE, resolve_constant
 from qdq.requantize import describe
 from qdq.rounding import RoundingCost, along, quantize
-from qdq.rule import Change, CheckContext
+from qdq.rule import Change, CheckContext, FixContext
 
 
 def existing_quantize(tensor: gs.Tensor) -> gs.Node | None:
@@ -36,7 +36,7 @@ def existing_quantize(tensor: gs.Tensor) -> gs.Node | None:
     return candidates[0] if candidates else None
 
 
-def read_through(ctx: CheckContext, consumer: gs.Node, slot: int, quantize: gs.Node, code: str, reason: str) -> Change:
+def read_through(ctx: FixContext, consumer: gs.Node, slot: int, quantize: gs.Node, code: str, reason: str) -> Change:
     """Point input `slot` of `consumer` at a DQ of `quantize`'s output, creating the DQ if it has none."""
     tensor = consumer.inputs[slot]
     readers = _dequantizes_of(quantize)
@@ -66,7 +66,7 @@ def quantize_hint(ctx: CheckContext, tensor: gs.Tensor, movers: Iterable[str] = 
     return False, "; no Q/DQ for it exists in the graph, so the scale needs data (run `qdq fix --calibrate FILE.npz` to measure it)"
 
 
-def quantize_for(ctx: CheckContext, tensor: gs.Tensor, dtype: str, movers: Iterable[str] = ()) -> gs.Node | None:
+def quantize_for(ctx: FixContext, tensor: gs.Tensor, dtype: str, movers: Iterable[str] = ()) -> gs.Node | None:
     """The Q a float tensor should be read through: its existing one, else a new one with the grid of the
     Q its values reach through `movers`, else a new one from calibration data."""
     existing = existing_quantize(tensor)
@@ -96,7 +96,7 @@ def downstream_quantize(tensor: gs.Tensor, movers: Iterable[str]) -> gs.Node | N
     return None
 
 
-def calibrated_quantize(ctx: CheckContext, tensor: gs.Tensor, dtype: str) -> gs.Node | None:
+def calibrated_quantize(ctx: FixContext, tensor: gs.Tensor, dtype: str) -> gs.Node | None:
     """A new Q for `tensor` with a scale from its measured range (None without calibration data)."""
     if ctx.ranges is None or tensor.name not in ctx.ranges:
         return None
@@ -108,7 +108,7 @@ def calibrated_quantize(ctx: CheckContext, tensor: gs.Tensor, dtype: str) -> gs.
     ], {}, np.dtype(dtype))
 
 
-def _new_quantize(ctx: CheckContext, tensor: gs.Tensor, params: list[gs.Tensor], attrs: dict, dtype) -> gs.Node:
+def _new_quantize(ctx: FixContext, tensor: gs.Tensor, params: list[gs.Tensor], attrs: dict, dtype) -> gs.Node:
     """A Q of `tensor` with these scale and zero-point tensors (integers of `dtype`), added to the graph."""
     out = gs.Variable(ctx.new_name(f"{tensor.name}_quantized"), dtype=dtype, shape=tensor.shape)
     quantize = gs.Node(QUANTIZE, ctx.new_name(f"{tensor.name}_QuantizeLinear"), inputs=[tensor, *params],
@@ -140,7 +140,7 @@ def range_params(low: float, high: float, dtype: str) -> tuple[float, int]:
     return scale, int(np.clip(np.rint(qtype.qmin - low / scale), qtype.qmin, qtype.qmax))
 
 
-def quantized_weight(ctx: CheckContext, consumer: gs.Node, slot: int, axis: int, code: str) -> Change:
+def quantized_weight(ctx: FixContext, consumer: gs.Node, slot: int, axis: int, code: str) -> Change:
     """Replace a float constant weight by int8 per-channel integers (symmetric, max-abs) and a DQ."""
     weight = consumer.inputs[slot]
     scale_type = float_type(weight)  # the DQ gives the scale's type: a float16 model stays float16
@@ -158,7 +158,7 @@ def quantized_weight(ctx: CheckContext, consumer: gs.Node, slot: int, axis: int,
                   f"weight quantized from its own values, max-abs per output channel (SQNR {sqnr} dB)", cost)
 
 
-def read_dequantized(ctx: CheckContext, consumer: gs.Node, slot: int, integers: np.ndarray, scale: np.ndarray,
+def read_dequantized(ctx: FixContext, consumer: gs.Node, slot: int, integers: np.ndarray, scale: np.ndarray,
                      axis: int) -> None:
     """Point input `slot` of `consumer` (a float constant) at a new DQ of `integers` (zero-point 0).
 

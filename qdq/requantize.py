@@ -30,7 +30,7 @@ from qdq import pow2
 from qdq.dtypes import QuantType, quant_type
 from qdq.quant_index import QParams, QTensor, resolve_constant, source_values
 from qdq.rounding import RoundingCost, along, cost_sentence, quantize
-from qdq.rule import Change, CheckContext
+from qdq.rule import Change, CheckContext, FixContext
 
 # Values per block when re-quantizing a weight: bounds the float64 temporaries (~40 bytes a value).
 _BLOCK_ELEMENTS = 1 << 22
@@ -39,7 +39,7 @@ log = logging.getLogger("qdq")
 
 
 def set_params(
-    ctx: CheckContext,
+    ctx: FixContext,
     qt: QTensor,
     scale: float | np.ndarray,
     code: str,
@@ -137,7 +137,7 @@ def describe(scale: np.ndarray, zero_point: np.ndarray) -> str:
 
 
 def _requantize_stored(
-    ctx: CheckContext, qt: QTensor, params: QParams, scale: np.ndarray, zp: np.ndarray, axis: int, elem_type: int
+    ctx: FixContext, qt: QTensor, params: QParams, scale: np.ndarray, zp: np.ndarray, axis: int, elem_type: int
 ) -> dict:
     """Write re-quantized integers as a new constant read by every DQ of the value."""
     source = resolve_constant(qt.integer)
@@ -153,7 +153,7 @@ def _requantize_stored(
     return values
 
 
-def _store_integers(ctx: CheckContext, qt: QTensor, integers: np.ndarray) -> None:
+def _store_integers(ctx: FixContext, qt: QTensor, integers: np.ndarray) -> None:
     """A new constant of stored integers, read by every DQ of the value."""
     name = ctx.value_name(qt)
     constant = ctx.model.new_constant(ctx.new_name(f"{name}_requantized", replacing=qt.integer.name), integers)
@@ -166,7 +166,7 @@ def _store_integers(ctx: CheckContext, qt: QTensor, integers: np.ndarray) -> Non
 
 
 def _pin_float_constant(
-    ctx: CheckContext, qt: QTensor, scale: np.ndarray, zp: np.ndarray, axis: int, elem_type: int
+    ctx: FixContext, qt: QTensor, scale: np.ndarray, zp: np.ndarray, axis: int, elem_type: int
 ) -> dict:
     """For a float weight behind a Q: replace the constant by its effective values; measure the new grid on them."""
     weights = effective_values(ctx, qt)
@@ -180,7 +180,7 @@ def _pin_float_constant(
     return quantize_blocks(real, weights.shape, scale, zp, axis, quant_type(elem_type), None)[1]
 
 
-def _pin_float_input(ctx: CheckContext, qt: QTensor, weights: np.ndarray) -> None:
+def _pin_float_input(ctx: FixContext, qt: QTensor, weights: np.ndarray) -> None:
     """A new float constant for the value's Q to read."""
     name = ctx.value_name(qt)
     constant = ctx.model.new_constant(ctx.new_name(f"{name}_effective", replacing=qt.float_input.name), weights)
@@ -189,7 +189,7 @@ def _pin_float_input(ctx: CheckContext, qt: QTensor, weights: np.ndarray) -> Non
 
 
 def _write_integers(
-    ctx: CheckContext, qt: QTensor, integers: np.ndarray, scale: np.ndarray, zp: np.ndarray, axis: int, elem_type: int
+    ctx: FixContext, qt: QTensor, integers: np.ndarray, scale: np.ndarray, zp: np.ndarray, axis: int, elem_type: int
 ) -> dict:
     """Make the value hold `integers` on the new grid; the cost against its effective values before.
 

@@ -7,6 +7,7 @@ come in as parameters from a rule set in `rules/`, so a new target is a rules-fi
 from __future__ import annotations
 
 import inspect
+import math
 from dataclasses import dataclass, field
 from enum import Enum, IntEnum
 from typing import Any, ClassVar, Iterable
@@ -113,30 +114,58 @@ class CheckContext:
     index: QuantIndex
     params: dict[str, Any]
     severity: Severity
-    # Shared by all rules of one fix run, so new constant names never collide.
-    names: Names | None = None
-    # Largest scale a value (by name) may take, recorded by fixes that need it that fine (a
-    # HardSigmoid output at pos ≥ 7), so that later alignments in the same run do not undo them.
-    ceilings: dict[str, float] = field(default_factory=dict)
     # Measured (min, max) of float tensors by name, from `qdq fix --calibrate`; None without data.
     ranges: dict[str, tuple[float, float]] | None = None
-    # What a fix changes the graph through (None for checks, which change nothing).
-    edits: EditLog | None = None
 
     @property
     def graph(self) -> gs.Graph:
         return self.model.graph
 
+    def value_name(self, qt: QTensor) -> str:
+        """A quantized value's name: its float tensor, or its stored integers."""
+        return qt.float_input.name if qt.float_input is not None else qt.integer.name
+
+
+class ScaleCeilings:
+    """The largest scale some values may take in one fix run, set by the fixes that made them that fine.
+
+    Why: a fix can need a value finer than its group would have it (QDQ607 puts a HardSigmoid
+    output at pos ≥ 7); a later alignment in the same run (a pool after the HardSigmoid) must
+    not make it coarser again. A ceiling only ever comes down.
+    """
+
+    def __init__(self) -> None:
+        self._by_value: dict[str, float] = {}
+
+    def lower(self, value: str, scale: float) -> None:
+        self._by_value[value] = min(scale, self._by_value.get(value, math.inf))
+
+    def lowest(self, values: Iterable[str]) -> float | None:
+        """The finest ceiling among `values`, None when none has one."""
+        found = [self._by_value[v] for v in values if v in self._by_value]
+        return min(found) if found else None
+
+
+@dataclass(kw_only=True)
+class FixContext(CheckContext):
+    """What a fix sees: the check's view, and what all fixes of one run share.
+
+    Fixes change the graph only through `edits`, name new constants through `names` (so names
+    never collide across rules, and reports use the names of the input model), and leave
+    `ceilings` for the fixes after them.
+    """
+
+    edits: EditLog
+    names: Names
+    ceilings: ScaleCeilings = field(default_factory=ScaleCeilings)
+
     def new_name(self, base: str, replacing: str | None = None) -> str:
         """A tensor name not yet used in the graph, for a constant a fix creates (to replace `replacing`)."""
-        if self.names is None:
-            self.names = Names(self.graph)
         return self.names.new(base, replacing)
 
     def value_name(self, qt: QTensor) -> str:
-        """The name the input model gave a quantized value: its float tensor, or its stored integers."""
-        name = qt.float_input.name if qt.float_input is not None else qt.integer.name
-        return self.names.original(name) if self.names is not None else name
+        """The name the input model gave a quantized value."""
+        return self.names.original(super().value_name(qt))
 
 
 class Rule:
@@ -156,7 +185,7 @@ class Rule:
     def check(self, ctx: CheckContext) -> Iterable[Finding]:
         raise NotImplementedError
 
-    def fix(self, ctx: CheckContext, finding: Finding) -> list[Change]:
+    def fix(self, ctx: FixContext, finding: Finding) -> list[Change]:
         """Apply the fix for one finding to ctx.model.graph, through ctx.edits, and return what changed."""
         raise NotImplementedError(f"{self.code} has no fix")
 

@@ -9,7 +9,7 @@ import pytest
 from qdq.errors import RuleSetError
 from qdq.fix import fix
 from qdq.model import load_model, save_model
-from qdq.rule import FixSafety
+from qdq.rule import FixSafety, ScaleCeilings
 from qdq.ruleset import load_rules_file, load_target
 
 
@@ -123,3 +123,13 @@ def test_bad_inputs_file_stops_fix_before_anything_is_written(builder, tmp_path,
     err = capsys.readouterr().err
     assert code == 2 and len(err.strip().splitlines()) == 1 and "wrong.npz" in err
     assert not (tmp_path / "out.onnx").exists()
+
+
+def test_a_scale_ceiling_only_comes_down():
+    ceilings = ScaleCeilings()
+    assert ceilings.lowest(["a", "b"]) is None
+    ceilings.lower("a", 2.0 ** -7)
+    ceilings.lower("a", 2.0 ** -5)  # a coarser ceiling for the same value does not lift it
+    ceilings.lower("b", 2.0 ** -8)
+    assert ceilings.lowest(["a"]) == 2.0 ** -7
+    assert ceilings.lowest(["a", "b", "c"]) == 2.0 ** -8

@@ -16,7 +16,7 @@ from qdq.errors import RuleSetError
 from qdq.operands import input_value, output_value, scale_of
 from qdq.quant_index import QTensor, is_uniform
 from qdq.requantize import describe, set_params
-from qdq.rule import Change, CheckContext, Finding, FixSafety, Rule, Severity, register
+from qdq.rule import Change, CheckContext, Finding, FixContext, FixSafety, Rule, Severity, register
 
 _PREFER = ("coarser", "output")
 
@@ -44,7 +44,7 @@ class _SharedScale(Rule):
                 op=node.op, scales=", ".join(describe(p.scale, p.zero_point) for p in params), mismatched=mismatched,
             )
 
-    def fix(self, ctx: CheckContext, finding: Finding) -> list[Change]:
+    def fix(self, ctx: FixContext, finding: Finding) -> list[Change]:
         node, members = finding.subject
         reason = f"{node.name} ({node.op}) needs one scale for its inputs and output"
         return share_params(ctx, members, self.code, reason, ctx.params.get("prefer", "coarser"))
@@ -61,7 +61,7 @@ def can_share(ctx: CheckContext, members: list[QTensor]) -> bool:
     )
 
 
-def share_params(ctx: CheckContext, members: list[QTensor], code: str, reason: str, prefer: str) -> list[Change]:
+def share_params(ctx: FixContext, members: list[QTensor], code: str, reason: str, prefer: str) -> list[Change]:
     """Give every member the parameters of one of them (the coarsest scale, or the last member's).
 
     A member another fix needs finer (`ctx.ceilings`) caps the group: it gets the coarsest scale
@@ -71,11 +71,11 @@ def share_params(ctx: CheckContext, members: list[QTensor], code: str, reason: s
     target = ctx.index.params(winner.nodes[0])
     scale, zero_point = target.scale.reshape(()), target.zero_point.reshape(())
     source = f"{ctx.value_name(winner)}'s"
-    caps = [ctx.ceilings[ctx.value_name(qt)] for qt in members if ctx.value_name(qt) in ctx.ceilings]
-    if caps and min(caps) < float(scale):
-        scale, source = np.asarray(min(caps)), f"the finest another rule allows ({describe(np.asarray(min(caps)), zero_point)})"
+    cap = ctx.ceilings.lowest(ctx.value_name(qt) for qt in members)
+    if cap is not None and cap < float(scale):
+        scale, source = np.asarray(cap), f"the finest another rule allows ({describe(np.asarray(cap), zero_point)})"
         for qt in members:
-            ctx.ceilings[ctx.value_name(qt)] = min(caps)
+            ctx.ceilings.lower(ctx.value_name(qt), cap)
     changes: list[Change] = []
     for qt in members:
         changes += set_params(ctx, qt, scale, code, f"{reason}; took {source}", zero_point=zero_point)

@@ -13,7 +13,7 @@ import numpy as np
 import onnx_graphsurgeon as gs
 
 from qdq.quant_index import PER_TENSOR, ConstantSource, QParams, QuantIndex, source_values
-from qdq.rule import Change, CheckContext, Finding, FixSafety, Rule, Severity, register
+from qdq.rule import Change, CheckContext, Finding, FixContext, FixSafety, Rule, Severity, register
 
 _SCALE, _ZERO_POINT = 1, 2
 
@@ -64,7 +64,7 @@ class NonScalarQParams(Rule):
                     shape=list(slots[0][2].constant.shape),
                 )
 
-    def fix(self, ctx: CheckContext, finding: Finding) -> list[Change]:
+    def fix(self, ctx: FixContext, finding: Finding) -> list[Change]:
         p, slots = finding.subject
         changes = []
         for slot, _, source in slots:
@@ -73,7 +73,7 @@ class NonScalarQParams(Rule):
                 changes.append(change)
         return changes
 
-    def _make_scalar(self, ctx: CheckContext, p: QParams, slot: int, source: ConstantSource) -> Change | None:
+    def _make_scalar(self, ctx: FixContext, p: QParams, slot: int, source: ConstantSource) -> Change | None:
         constant = source.constant
         old_shape = list(constant.shape)
         if not old_shape:
@@ -166,7 +166,7 @@ class QParamPassThrough(Rule):
                         what=_slot_name(slot), chain=" → ".join(n.op for n in reversed(chain)),
                     )
 
-    def fix(self, ctx: CheckContext, finding: Finding) -> list[Change]:
+    def fix(self, ctx: FixContext, finding: Finding) -> list[Change]:
         p, slot, source = finding.subject
         old = p.node.inputs[slot]
         if source.cast_to is None:
@@ -215,7 +215,7 @@ class PassThroughBetweenQDQ(Rule):
                         quantize=qt.quantize.name, chain=" → ".join(n.op for n in via),
                     )
 
-    def fix(self, ctx: CheckContext, finding: Finding) -> list[Change]:
+    def fix(self, ctx: FixContext, finding: Finding) -> list[Change]:
         integer, dq = finding.subject
         old = dq.inputs[0]
         ctx.edits.set_input(dq, 0, integer)
@@ -244,7 +244,7 @@ class DanglingQDQ(Rule):
             if out is not None and not out.outputs and not ctx.index.is_graph_output(out):
                 yield self.finding(ctx, node, [out], subject=node, op=node.op)
 
-    def fix(self, ctx: CheckContext, finding: Finding) -> list[Change]:
+    def fix(self, ctx: FixContext, finding: Finding) -> list[Change]:
         node = finding.subject
         name = node.outputs[0].name
         ctx.edits.detach(node)

@@ -21,7 +21,7 @@ from onnx import helper
 from qdq.operands import BIAS_INPUT, WEIGHT_INPUT, input_value
 from qdq.quant_index import PER_TENSOR, ConstantSource, QParams, QTensor, resolve_constant, source_values
 from qdq.rounding import RoundingCost, along, quantize
-from qdq.rule import Change, CheckContext, Finding, FixSafety, Rule, Severity, register
+from qdq.rule import Change, CheckContext, Finding, FixContext, FixSafety, Rule, Severity, register
 
 _CONSTANT_STEPS = ("Mul", "Div", "Add", "Sub")
 _BN = "BatchNormalization"
@@ -119,7 +119,7 @@ class UnfoldedBatchNorm(Rule):
                 max_abs_k_minus_1=chain.max_abs_k_minus_1,
             )
 
-    def fix(self, ctx: CheckContext, finding: Finding) -> list[Change]:
+    def fix(self, ctx: FixContext, finding: Finding) -> list[Change]:
         chain: _Chain = finding.subject
         node = chain.node
         values: dict = {"max_abs_k_minus_1": chain.max_abs_k_minus_1}
@@ -327,7 +327,7 @@ def _unfixable(ctx: CheckContext, chain: _Chain) -> str | None:
 # --- the fix ---------------------------------------------------------------------------------------------
 
 
-def _fold_weight(ctx: CheckContext, chain: _Chain) -> tuple[np.ndarray, dict]:
+def _fold_weight(ctx: FixContext, chain: _Chain) -> tuple[np.ndarray, dict]:
     """Give the weight the factor k: multiply its scales, or re-quantize it; returns the new scale."""
     params, weight = chain.weight_params, chain.weight
     source = _weight_source(weight)
@@ -364,7 +364,7 @@ def _fold_weight(ctx: CheckContext, chain: _Chain) -> tuple[np.ndarray, dict]:
     return new_scale, {"weight": mode, **cost}
 
 
-def _fold_bias(ctx: CheckContext, chain: _Chain, weight_scale: np.ndarray) -> dict:
+def _fold_bias(ctx: FixContext, chain: _Chain, weight_scale: np.ndarray) -> dict:
     """Write k·b + d as the op's bias: a float constant, or integers at input × weight scale."""
     node, params = chain.node, chain.weight_params
     real = chain.k * chain.bias + chain.d

@@ -22,7 +22,7 @@ from qdq.operands import BIAS_INPUT, WEIGHT_INPUT, input_value
 from qdq.quant_index import PER_TENSOR, QuantIndex, QTensor, resolve_constant, source_values
 from qdq.requantize import describe, quantize_blocks, set_params
 from qdq.rounding import cost_sentence
-from qdq.rule import Change, CheckContext, Finding, FixSafety, Rule, Severity, register
+from qdq.rule import Change, CheckContext, Finding, FixContext, FixSafety, Rule, Severity, register
 
 
 @register
@@ -71,7 +71,7 @@ class BiasScaleMismatch(Rule):
                                scale=describe(params.scale, params.zero_point),
                                expected=describe(expected, np.zeros(1)))
 
-    def fix(self, ctx: CheckContext, finding: Finding) -> list[Change]:
+    def fix(self, ctx: FixContext, finding: Finding) -> list[Change]:
         node = finding.subject
         found = _operands(ctx, node)
         if found is None:
@@ -82,7 +82,7 @@ class BiasScaleMismatch(Rule):
                           self.code, reason, zero_point=0, axis=axis)
 
 
-def _private(ctx: CheckContext, node: gs.Node, bias: QTensor) -> QTensor:
+def _private(ctx: FixContext, node: gs.Node, bias: QTensor) -> QTensor:
     """The bias as only `node` reads it: exporters share one bias constant (and DQ) among convs whose
     input × weight scales differ, and moving it for one would move it for all."""
     dequantize = ctx.index.dequantize_feeding(node.inputs[BIAS_INPUT[node.op]])
@@ -162,7 +162,7 @@ class FloatBias(Rule):
                                tensor=tensor, scale=describe(p_in.scale, p_in.zero_point),
                                weight_scale=describe(p_w.scale, p_w.zero_point))
 
-    def fix(self, ctx: CheckContext, finding: Finding) -> list[Change]:
+    def fix(self, ctx: FixContext, finding: Finding) -> list[Change]:
         node = finding.subject
         values, scale = _float_bias(ctx, node)
         slot = BIAS_INPUT[node.op]
@@ -233,7 +233,7 @@ class QuantizedBias(Rule):
                 yield self.finding(ctx, node, [name], subject=(node, slot), fixable=constant, tensor=name, what=what,
                                    op=node.op, form=form, dtype=type_name(ctx.index.params(dequantize).elem_type))
 
-    def fix(self, ctx: CheckContext, finding: Finding) -> list[Change]:
+    def fix(self, ctx: FixContext, finding: Finding) -> list[Change]:
         node, slot = finding.subject
         values = evaluate_constant(ctx, node.inputs[slot])
         if values is None:

@@ -20,7 +20,7 @@ import onnx_graphsurgeon as gs
 
 from qdq.errors import RuleSetError
 from qdq.quant_index import resolve_constant, source_values
-from qdq.rule import Change, CheckContext, Finding, FixSafety, Rule, Severity, register
+from qdq.rule import Change, CheckContext, Finding, FixContext, FixSafety, Rule, Severity, register
 
 # How close a Mul's constant must be to the factor to count as the DPU rescale.
 _MUL_RTOL = 1e-9
@@ -107,7 +107,7 @@ class LeakyReluSlope(Rule):
                 alpha=_f32_repr(alpha), dpu_alpha=dpu_alpha, slope=f"{numerator}/{denominator}",
             )
 
-    def fix(self, ctx: CheckContext, finding: Finding) -> list[Change]:
+    def fix(self, ctx: FixContext, finding: Finding) -> list[Change]:
         node: gs.Node = finding.subject
         old = finding.values["alpha"]
         new = finding.values["dpu_alpha"]

@@ -24,7 +24,7 @@ from qdq.dtypes import type_name
 from qdq.insertion import float_type
 from qdq.operands import input_value
 from qdq.quant_index import PER_TENSOR, QuantIndex, resolve_constant
-from qdq.rule import Change, CheckContext, Finding, FixSafety, Rule, Severity, register
+from qdq.rule import Change, CheckContext, Finding, FixContext, FixSafety, Rule, Severity, register
 
 # What the rules below and QDQ801 read to decide that an op stays float; the size defaults (0)
 # exclude nothing (rules/trt.toml sets TensorRT's).
@@ -160,7 +160,7 @@ class QuantizedSmallGemm(Rule):
             yield self.finding(ctx, node, names, subject=(node, sorted(quantized)), fixable=fixable, op=node.op,
                                why=why, inputs=", ".join(names))
 
-    def fix(self, ctx: CheckContext, finding: Finding) -> list[Change]:
+    def fix(self, ctx: FixContext, finding: Finding) -> list[Change]:
         node, slots = finding.subject
         changes = []
         for slot in slots:
@@ -223,7 +223,7 @@ class QdqOnGraphOutput(Rule):
                                fixable=fixable, tensor=output.name, dequantize=dequantize.name,
                                quantize=value.quantize.name, source=source.name, standalone=[dequantize.name])
 
-    def fix(self, ctx: CheckContext, finding: Finding) -> list[Change]:
+    def fix(self, ctx: FixContext, finding: Finding) -> list[Change]:
         output, quantize, dequantize = finding.subject
         params = ctx.index.params(quantize)
         source = quantize.inputs[0]
@@ -310,7 +310,7 @@ class QdqBeforeFloatOp(Rule):
                     return None
         return readers or None
 
-    def fix(self, ctx: CheckContext, finding: Finding) -> list[Change]:
+    def fix(self, ctx: FixContext, finding: Finding) -> list[Change]:
         value = finding.subject
         source = value.quantize.inputs[0]
         for dequantize in value.dequantizes:

@@ -20,7 +20,7 @@ from qdq.checks.reduced_range import clip_bounds
 from qdq.operands import ACTIVATION, BIAS, WEIGHT, WEIGHT_INPUT, output_channel_axis, role
 from qdq.quant_index import PER_AXIS, PER_TENSOR, QUANTIZE, QParams, QTensor, is_uniform
 from qdq.requantize import describe, effective_values, set_params, why_type_is_fixed
-from qdq.rule import Change, CheckContext, Finding, FixSafety, Rule, Severity, register
+from qdq.rule import Change, CheckContext, Finding, FixContext, FixSafety, Rule, Severity, register
 
 
 # The two 8-bit integer types: the same grid, shifted by 128 (q_uint8 = q_int8 + 128).
@@ -89,7 +89,7 @@ class UnsupportedQuantType(Rule):
                 yield self.finding(ctx, qt.nodes[0], [ctx.value_name(qt)], subject=qt, fixable=fixable, role=kind,
                                    tensor=ctx.value_name(qt), dtype=dtype, allowed=", ".join(allowed))
 
-    def fix(self, ctx: CheckContext, finding: Finding) -> list[Change]:
+    def fix(self, ctx: FixContext, finding: Finding) -> list[Change]:
         qt = finding.subject
         params = ctx.index.params(qt.nodes[0])
         if finding.values["role"] == ACTIVATION:
@@ -125,7 +125,7 @@ def _largest_steps(ctx: CheckContext, qt: QTensor, params: QParams) -> np.ndarra
     return np.rint(largest / params.scale.astype(np.float64))
 
 
-def _int8_over_the_same_range(ctx: CheckContext, qt: QTensor, params: QParams, code: str) -> list[Change]:
+def _int8_over_the_same_range(ctx: FixContext, qt: QTensor, params: QParams, code: str) -> list[Change]:
     """An activation of another integer type (uint16, int16) as int8 over the range its grid spans.
 
     The range keeps both ends, so a zero-point at the type minimum (a folded Relu) stays at int8's
@@ -177,7 +177,7 @@ class PerAxisScale(Rule):
                                fixable=_per_axis_fixable(params) and _integers_internal(ctx, qt),
                                role=kind, tensor=ctx.value_name(qt), count=int(params.scale.size))
 
-    def fix(self, ctx: CheckContext, finding: Finding) -> list[Change]:
+    def fix(self, ctx: FixContext, finding: Finding) -> list[Change]:
         return _one_scale(ctx, finding.subject, self.code, "one scale for the whole tensor: the largest")
 
 
@@ -192,7 +192,7 @@ def _per_axis_fixable(params: QParams) -> bool:
     return bool(not params.block_size and is_uniform(params.zero_point) and np.all(params.scale > 0))
 
 
-def _one_scale(ctx: CheckContext, qt: QTensor, code: str, reason: str) -> list[Change]:
+def _one_scale(ctx: FixContext, qt: QTensor, code: str, reason: str) -> list[Change]:
     """Make a per-axis value per-tensor with its largest scale, so no value saturates; stored integers follow."""
     params = ctx.index.params(qt.nodes[0])
     return set_params(ctx, qt, params.scale.max(), code, reason, zero_point=params.zero_point.ravel()[0])
@@ -257,7 +257,7 @@ class AsymmetricZeroPoint(Rule):
             yield self.finding(ctx, qt.nodes[0], [ctx.value_name(qt)], subject=qt, fixable=fixable, role=kind,
                                tensor=ctx.value_name(qt), zero_point=_zp_text(zps), expected=int(expected))
 
-    def fix(self, ctx: CheckContext, finding: Finding) -> list[Change]:
+    def fix(self, ctx: FixContext, finding: Finding) -> list[Change]:
         qt = finding.subject
         # The check judged the value as QDQ505 retypes it; that fix runs first in a full run, else here.
         changes = _retype(ctx, qt, self.code) if _retypable(ctx, qt) else []
@@ -284,7 +284,7 @@ def _loses_negatives(ctx: CheckContext, qt: QTensor, qtype: QuantType, zero_poin
     return qt.quantize is None or _can_be_negative(ctx, qt.quantize.inputs[0], set())
 
 
-def _insert_relu(ctx: CheckContext, qt: QTensor, code: str) -> Change:
+def _insert_relu(ctx: FixContext, qt: QTensor, code: str) -> Change:
     """Put the clip a zero-point at the type minimum made back as a Relu, on this Q's input only."""
     quantize, tensor = qt.quantize, qt.quantize.inputs[0]
     clipped = gs.Variable(ctx.new_name(f"{tensor.name}_relu"), dtype=tensor.dtype, shape=tensor.shape)
@@ -397,7 +397,7 @@ class NonPow2Scale(Rule):
             yield self.finding(ctx, qt.nodes[0], [ctx.value_name(qt)], subject=(qt, kind), fixable=fixable, role=kind,
                                tensor=ctx.value_name(qt), scale=describe(params.scale, np.zeros(1)))
 
-    def fix(self, ctx: CheckContext, finding: Finding) -> list[Change]:
+    def fix(self, ctx: FixContext, finding: Finding) -> list[Change]:
         qt, kind = finding.subject
         params = ctx.index.params(qt.nodes[0])
         method = ctx.params["rounding"] if kind == ACTIVATION else ctx.params["weight_rounding"]
@@ -466,7 +466,7 @@ class ActivationType(Rule):
                                expected=ctx.params["activation_type"],
                                how=f" (not rewritten: {reason})" if reason else "")
 
-    def fix(self, ctx: CheckContext, finding: Finding) -> list[Change]:
+    def fix(self, ctx: FixContext, finding: Finding) -> list[Change]:
         return _retype(ctx, finding.subject, self.code)
 
 
@@ -496,7 +496,7 @@ def _after_retype(ctx: CheckContext, qt: QTensor, params: QParams, kind: str) ->
     return quant_type(_EIGHT_BIT[new]), params.zero_point + (128 if new == "uint8" else -128)
 
 
-def _retype(ctx: CheckContext, qt: QTensor, code: str) -> list[Change]:
+def _retype(ctx: FixContext, qt: QTensor, code: str) -> list[Change]:
     """QDQ505's fix: the other 8-bit type, integers and zero-point shifted by 128 (exact)."""
     params = ctx.index.params(qt.nodes[0])
     old, new = type_name(params.elem_type), ctx.params["activation_type"]
@@ -556,7 +556,7 @@ class WeightAxis(Rule):
                                        consumer=consumer.name, axis=axis, expected=expected)
                     break
 
-    def fix(self, ctx: CheckContext, finding: Finding) -> list[Change]:
+    def fix(self, ctx: FixContext, finding: Finding) -> list[Change]:
         reason = f"per-channel scales along axis {finding.values['axis']} replaced by one scale: the largest"
         return _one_scale(ctx, finding.subject, self.code, reason)
 

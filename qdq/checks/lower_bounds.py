@@ -18,7 +18,7 @@ from qdq.checks.reduced_range import clip_bounds
 from qdq.operands import ACTIVATION, output_value, role, scale_of
 from qdq.quant_index import QUANTIZE, QTensor, is_uniform
 from qdq.requantize import set_params
-from qdq.rule import Change, CheckContext, Finding, FixSafety, Rule, Severity, register
+from qdq.rule import Change, CheckContext, Finding, FixContext, FixSafety, Rule, Severity, register
 
 # The key of `lower_bounds` for SiLU as exporters write it: Mul(x, Sigmoid(x)).
 SILU = "Mul(x, Sigmoid(x))"
@@ -97,7 +97,7 @@ class ClippedZeroPoint(Rule):
                                activation=producer.name if producer is not None else "",
                                zero_point=int(zero_point.ravel()[0]), expected=int(expected))
 
-    def fix(self, ctx: CheckContext, finding: Finding) -> list[Change]:
+    def fix(self, ctx: FixContext, finding: Finding) -> list[Change]:
         changes: list[Change] = []
         new_zero_point = finding.values["expected"]
         for member in finding.subject:

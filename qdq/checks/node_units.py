@@ -23,7 +23,7 @@ from qdq.insertion import quantize_for, quantize_hint, read_through
 from qdq.operands import BIAS_INPUT, WEIGHT_INPUT
 from qdq.quant_index import DEQUANTIZE, QUANTIZE, resolve_constant
 from qdq.requantize import describe
-from qdq.rule import Change, CheckContext, Finding, FixSafety, Rule, Severity, register
+from qdq.rule import Change, CheckContext, Finding, FixContext, FixSafety, Rule, Severity, register
 
 
 def dequantized_inputs(ctx: CheckContext, node: gs.Node, will_be: frozenset[int] = frozenset()) -> bool:
@@ -123,7 +123,7 @@ class FloatOutput(Rule):
                 return consumers[0].outputs[0]
         return tensor
 
-    def fix(self, ctx: CheckContext, finding: Finding) -> list[Change]:
+    def fix(self, ctx: FixContext, finding: Finding) -> list[Change]:
         site = finding.subject
         quantize = quantize_for(ctx, site, ctx.params["calibrated_type"], ctx.params["movers"])
         if quantize is None:
@@ -185,7 +185,7 @@ class FixedRangeOutput(Rule):
             checked[op] = (float(bounds[0]), float(bounds[1]))
         return checked
 
-    def fix(self, ctx: CheckContext, finding: Finding) -> list[Change]:
+    def fix(self, ctx: FixContext, finding: Finding) -> list[Change]:
         node, low, high = finding.subject
         qtype = QUANT_TYPES_BY_NAME[ctx.params["dtype"]]
         scale = (high - low) / (qtype.qmax - qtype.qmin + 1)

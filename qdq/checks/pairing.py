@@ -13,7 +13,7 @@ import numpy as np
 
 from qdq.checks.alignment import can_share, share_params
 from qdq.quant_index import PER_TENSOR, QParams
-from qdq.rule import Change, CheckContext, Finding, FixSafety, Rule, Severity, register
+from qdq.rule import Change, CheckContext, Finding, FixContext, FixSafety, Rule, Severity, register
 
 
 @register
@@ -101,7 +101,7 @@ class NoopRequantize(_DequantizeQuantize):
                     fixable=not ctx.index.is_graph_output(out), dequantize=dq.node.name,
                 )
 
-    def fix(self, ctx: CheckContext, finding: Finding) -> list[Change]:
+    def fix(self, ctx: FixContext, finding: Finding) -> list[Change]:
         dq, q = finding.subject
         integer, out = dq.node.inputs[0], q.node.outputs[0]
         ctx.edits.replace_uses(out, integer)
@@ -139,7 +139,7 @@ class RequantizeChain(_DequantizeQuantize):
                     dequantize=dq.node.name, old_scale=_short(dq), new_scale=_short(q),
                 )
 
-    def fix(self, ctx: CheckContext, finding: Finding) -> list[Change]:
+    def fix(self, ctx: FixContext, finding: Finding) -> list[Change]:
         reason = f"{finding.values['dequantize']} → {finding.node} requantizes; one scale makes the pair a no-op"
         return share_params(ctx, finding.subject, self.code, reason, ctx.params["prefer"])
 
@@ -185,7 +185,7 @@ class DuplicateQuantize(Rule):
                     tensor=source.name, first=qs[0].name, detail="" if same else " with different parameters",
                 )
 
-    def fix(self, ctx: CheckContext, finding: Finding) -> list[Change]:
+    def fix(self, ctx: FixContext, finding: Finding) -> list[Change]:
         first, other = finding.subject
         kept, dropped = first.node.outputs[0], other.node.outputs[0]
         ctx.edits.replace_uses(dropped, kept)

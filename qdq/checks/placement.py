@@ -29,7 +29,7 @@ from qdq.insertion import (
 )
 from qdq.operands import BIAS_INPUT, WEIGHT_INPUT, output_channel_axis
 from qdq.quant_index import DEQUANTIZE, QUANTIZE, QuantIndex, resolve_constant
-from qdq.rule import Change, CheckContext, Finding, FixSafety, Rule, Severity, register
+from qdq.rule import Change, CheckContext, Finding, FixContext, FixSafety, Rule, Severity, register
 
 # The op lists these rules read (which ops commute with Q/DQ, which fuse into a conv) are target
 # knowledge: the rule set gives them (rules/trt.toml [params]); the defaults here are empty.
@@ -57,7 +57,7 @@ def _constant(tensor: gs.Tensor | None) -> bool:
     return tensor is not None and resolve_constant(tensor) is not None
 
 
-def _quantize_activation(ctx: CheckContext, consumer: gs.Node, slot: int, code: str, why: str) -> list[Change]:
+def _quantize_activation(ctx: FixContext, consumer: gs.Node, slot: int, code: str, why: str) -> list[Change]:
     """Give input `slot` of `consumer` a Q/DQ: the tensor's existing Q, else one from calibration data."""
     tensor = consumer.inputs[slot]
     measured = existing_quantize(tensor) is None
@@ -138,7 +138,7 @@ class FloatInput(Rule):
                                    kind="weight" if weight else "data", tensor=tensor.name, op=node.op, how=how,
                                    standalone=_output_quantizes(ctx, node))
 
-    def fix(self, ctx: CheckContext, finding: Finding) -> list[Change]:
+    def fix(self, ctx: FixContext, finding: Finding) -> list[Change]:
         node, slot, weight = finding.subject
         if weight:
             axis = output_channel_axis(node, len(node.inputs[slot].shape))
@@ -290,7 +290,7 @@ class FloatResidual(_ResidualRule):
             yield self.finding(ctx, node, [residual], subject=(node, 1 - slot), fixable=fixable,
                                residual=residual.name, conv=branch.producer.name, how=how, standalone=standalone)
 
-    def fix(self, ctx: CheckContext, finding: Finding) -> list[Change]:
+    def fix(self, ctx: FixContext, finding: Finding) -> list[Change]:
         node, slot = finding.subject
         return _quantize_activation(ctx, node, slot, self.code, "residual input quantized so Conv+Add writes INT8")
 
@@ -324,7 +324,7 @@ class QdqInFusedBranch(_ResidualRule):
                                    quantize=branch.quantize.name, conv=branch.producer.name,
                                    standalone=[branch.quantize.name])
 
-    def fix(self, ctx: CheckContext, finding: Finding) -> list[Change]:
+    def fix(self, ctx: FixContext, finding: Finding) -> list[Change]:
         node, slot, quantize = finding.subject
         before = quantize.inputs[0]
         ctx.edits.set_input(node, slot, before)
@@ -395,7 +395,7 @@ class QdqBeforeActivation(Rule):
                 yield self.finding(ctx, node, [quantize.outputs[0]], subject=(node, slot, source, quantize),
                                    quantize=quantize.name, conv=conv.name, op=node.op, standalone=[quantize.name])
 
-    def fix(self, ctx: CheckContext, finding: Finding) -> list[Change]:
+    def fix(self, ctx: FixContext, finding: Finding) -> list[Change]:
         node, slot, source, quantize = finding.subject
         ctx.edits.set_input(node, slot, source)
         return [Change(self.code, node.name, source.name, f"Q/DQ ({describe_quantize(quantize)})", "float",
@@ -435,7 +435,7 @@ class UnsharedActivatedResidual(_ResidualRule):
             yield self.finding(ctx, node, [node.inputs[slot]], subject=(node, slot, dequantize),
                                branch=node.inputs[slot].name, state=state, residual=describe_quantize(dequantize))
 
-    def fix(self, ctx: CheckContext, finding: Finding) -> list[Change]:
+    def fix(self, ctx: FixContext, finding: Finding) -> list[Change]:
         node, slot, residual = finding.subject
         tensor = _before_qdq(node.inputs[slot])[0]
         zero_point = residual.inputs[2] if len(residual.inputs) > 2 else None

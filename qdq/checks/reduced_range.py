@@ -17,7 +17,7 @@ from qdq.dtypes import QuantType
 from qdq.ops import DEQUANTIZE
 from qdq.quant_index import PER_TENSOR, QTensor, resolve_constant, source_values
 from qdq.requantize import set_params
-from qdq.rule import Change, CheckContext, Finding, FixSafety, Rule, Severity, register
+from qdq.rule import Change, CheckContext, Finding, FixContext, FixSafety, Rule, Severity, register
 
 
 def clip_bounds(ctx: CheckContext, clip: gs.Node) -> tuple[float | None, float | None]:
@@ -87,7 +87,7 @@ class ReducedRangeQuantizer(Rule):
                     low=_text(low), high=_text(high),
                 )
 
-    def fix(self, ctx: CheckContext, finding: Finding) -> list[Change]:
+    def fix(self, ctx: FixContext, finding: Finding) -> list[Change]:
         qt, clips, readers = finding.subject
         params = ctx.index.params(qt.quantize)
         qtype = params.qtype

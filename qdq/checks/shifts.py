@@ -21,7 +21,7 @@ from qdq.operands import BIAS_INPUT, WEIGHT_INPUT, input_value, output_value, po
 from qdq.quant_index import QTensor
 from qdq.dtypes import type_name
 from qdq.requantize import set_params
-from qdq.rule import Change, CheckContext, Finding, FixSafety, Rule, Severity, register
+from qdq.rule import Change, CheckContext, Finding, FixContext, FixSafety, Rule, Severity, register
 
 # How a Conv's output position is found (fused activations, DPU multiplies): set in the rule set.
 _OUTPUT_LOOKUP = {"output_through": [], "output_through_mul": []}
@@ -40,7 +40,7 @@ class _ShiftRule(Rule):
         ops = set(ctx.params["ops"])
         return [n for n in ctx.graph.nodes if n.op in ops]
 
-    def move(self, ctx: CheckContext, qt: QTensor, pos: int, node: gs.Node, why: str) -> list[Change]:
+    def move(self, ctx: FixContext, qt: QTensor, pos: int, node: gs.Node, why: str) -> list[Change]:
         return set_params(ctx, qt, 2.0**-pos, self.code, f"{node.name}: {why}")
 
     def check(self, ctx: CheckContext) -> Iterable[Finding]:
@@ -50,14 +50,14 @@ class _ShiftRule(Rule):
                 tensors, values = violation
                 yield self.finding(ctx, node, tensors, subject=node, **values)
 
-    def fix(self, ctx: CheckContext, finding: Finding) -> list[Change]:
+    def fix(self, ctx: FixContext, finding: Finding) -> list[Change]:
         # Recomputed from the graph as it is now: an earlier fix may have moved these positions.
         return self.repair(ctx, finding.subject) if self.violation(ctx, finding.subject) else []
 
     def violation(self, ctx: CheckContext, node: gs.Node) -> tuple[list, dict] | None:
         raise NotImplementedError
 
-    def repair(self, ctx: CheckContext, node: gs.Node) -> list[Change]:
+    def repair(self, ctx: FixContext, node: gs.Node) -> list[Change]:
         raise NotImplementedError
 
 
@@ -382,7 +382,7 @@ class HardSigmoidShift(_ShiftRule):
         if new_opos != opos:
             changes += self.move(ctx, output, new_opos, node, f"HardSigmoid output pos {opos} → {new_opos}")
         # Later alignments (a pool after the HardSigmoid) must not make the output coarser again.
-        ctx.ceilings[_names(ctx, output)[0]] = 2.0 ** -max(new_opos, ctx.params["output_min"])
+        ctx.ceilings.lower(_names(ctx, output)[0], 2.0 ** -max(new_opos, ctx.params["output_min"]))
         return changes
 
 

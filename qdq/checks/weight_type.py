@@ -20,7 +20,7 @@ from qdq.errors import RuleSetError
 from qdq.operands import WEIGHT_INPUT, input_value, output_channel_axis
 from qdq.quant_index import PER_TENSOR, QParams, QTensor, resolve_constant, source_values
 from qdq.requantize import set_params, why_type_is_fixed
-from qdq.rule import Change, CheckContext, Finding, FixSafety, Rule, Severity, register
+from qdq.rule import Change, CheckContext, Finding, FixContext, FixSafety, Rule, Severity, register
 
 # The uint8 rewrite: int8 weights become uint8, the same grid 128 higher.
 _FROM, _TO, _SHIFT = TensorProto.INT8, TensorProto.UINT8, 128
@@ -133,7 +133,7 @@ class SaturatingWeightType(Rule):
                                expected="narrower int8" if how == "7-bit" else type_name(_TO),
                                how=f" (not rewritten: {reason})" if reason else "")
 
-    def fix(self, ctx: CheckContext, finding: Finding) -> list[Change]:
+    def fix(self, ctx: FixContext, finding: Finding) -> list[Change]:
         weight, node, at_risk, axis, how = finding.subject
         params = ctx.index.params(weight.nodes[0])
         if how == "uint8":
