@@ -1,5 +1,6 @@
 """How `qdq lint` and `qdq fix` scale: time and peak memory on 1k-100k-node models and on a model
-with GiB of external weights, each next to a bare `onnx.load` + `onnx.save` of the same file.
+with GiB of external weights, each next to a bare `onnx.load` + `onnx.save` of the same file and
+(on the ladders) next to onnxruntime opening it, which every written file must survive.
 
     python benchmarks/scale.py [--sizes 1000,10000,100000] [--external-gib 3] [--repeats N]
                                [--repeats-large N] [--json FILE] [--skip-external]
@@ -34,14 +35,19 @@ GENERATOR = [sys.executable, str(Path(__file__).resolve().parent / "scale_models
 # The checkout's qdq, not an installed copy: `-m cli` run from the repository root.
 QDQ = [sys.executable, "-m", "cli"]
 BASELINE = "import sys, onnx; onnx.save(onnx.load(sys.argv[1], load_external_data=False), sys.argv[2])"
-COMMANDS = ("load+save", "lint npu", "lint trt", "fix npu", "fix trt")
-QDQ_COMMANDS = COMMANDS[1:]
+# onnxruntime opening the input as qdq's check of every written file does (optimisations off): the floor of any
+# fix that proves onnxruntime accepts what it writes, whatever qdq itself costs.
+ORT_SESSION = ("import sys, onnxruntime as ort; options = ort.SessionOptions(); options.log_severity_level = 3; "
+               "options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL; "
+               "ort.InferenceSession(sys.argv[1], options, providers=['CPUExecutionProvider'])")
+COMMANDS = ("load+save", "ort session", "lint npu", "lint trt", "fix npu", "fix trt")
+QDQ_COMMANDS = COMMANDS[2:]
 # Targets of issue 8: ratios to load+save at the largest size, growth per 10x nodes, external model.
 LINT_RATIO, FIX_RATIO, GROWTH_PER_10X = 4.0, 8.0, 12.0
 EXTERNAL_LINT_SECONDS, EXTERNAL_LINT_MB, EXTERNAL_FIX_MB = 2.0, 300.0, 1500.0
 MB = 1e6
 # What a command may exit with: lint and fix exit 1 when findings remain, which is expected here.
-ALLOWED_EXIT = {"load+save": (0,), "lint": (0, 1), "fix": (0, 1)}
+ALLOWED_EXIT = {"load+save": (0,), "ort": (0,), "lint": (0, 1), "fix": (0, 1)}
 LARGE = 100_000  # models this big may run fewer repeats (--repeats-large)
 VERIFY_SIZE = 10_000  # where the cost of fix's default verification is measured, as one more command
 VERIFIED = "fix npu +verify"
@@ -132,7 +138,7 @@ def _measure_external(path: Path, repeats: int, failures: list) -> dict:
     """Lint and the weight-rewriting NPU fix on the external-data model; the fix must keep weights external."""
     data = path.with_name(path.name + ".data")
     before = _fingerprint(data)
-    commands = {name: command for name, command in _commands(path).items() if name != "fix trt"}
+    commands = {name: command for name, command in _commands(path).items() if name not in ("ort session", "fix trt")}
     keeps = []
     runs = _take_turns(path, commands, repeats, failures,
                        after={"fix npu": lambda: keeps.append(_keeps_external(path, path.with_name("fix_npu.onnx")))})
@@ -143,12 +149,13 @@ def _measure_external(path: Path, repeats: int, failures: list) -> dict:
 
 
 def _commands(path: Path) -> dict[str, list[str]]:
-    """The five commands on one model; outputs go next to it, so external data is never copied."""
+    """The commands on one model; outputs go next to it, so external data is never copied."""
     def out(name: str) -> str:
         return str(path.with_name(name))
 
     return {
         "load+save": [sys.executable, "-c", BASELINE, str(path), out("baseline.onnx")],
+        "ort session": [sys.executable, "-c", ORT_SESSION, str(path)],
         "lint npu": QDQ + ["lint", str(path), "--target", "npu", "--isolated"],
         "lint trt": QDQ + ["lint", str(path), "--target", "trt", "--isolated"],
         "fix npu": QDQ + ["fix", str(path), "--target", "npu", "-o", out("fix_npu.onnx"), "--no-verify", "--isolated"],
