@@ -39,14 +39,14 @@ def _sort_nodes(graph: onnx.GraphProto) -> bool:
     available = {value.name for value in graph.input} | {t.name for t in graph.initializer} | {""}
     available |= {t.name for t in graph.sparse_initializer}
     produced = {name for node in graph.node for name in node.output}
-    seen = set(available)
-    in_order = True
+    # In order when no node reads a value a later node produces: `pending` is what is still to come.
+    # Only nodes with attributes can have subgraphs, whose outer reads `_reads` collects.
+    pending = produced - available
     for node in graph.node:
-        if any(name not in seen for name in _reads(node) if name in produced):
-            in_order = False
+        if not pending.isdisjoint(_reads(node) if node.attribute else node.input):
             break
-        seen.update(node.output)
-    if in_order:
+        pending.difference_update(node.output)
+    else:
         return False
     waiting: dict[int, int] = {}
     readers: dict[str, list[int]] = {}

@@ -114,6 +114,7 @@ class ParamTable:
         self.row_of = {id(p.node): row for row, p in enumerate(rows)}
         self.elem_type = np.fromiter((p.elem_type for p in rows), dtype=np.int64, count=len(rows))
         self.is_quantize = np.fromiter((p.is_quantize for p in rows), dtype=bool, count=len(rows))
+        self.block_size = np.fromiter((p.block_size for p in rows), dtype=np.int64, count=len(rows))
         self.scale = ParamColumn(len(rows))
         self.scale.fill([p.scale_source for p in rows], SCALE_TYPES)
         self.zero_point = ParamColumn(len(rows))
@@ -131,14 +132,31 @@ class ParamTable:
             return None
         return column.of(row, proto.dims)
 
+    def per_tensor(self) -> np.ndarray:
+        """Per row: True when its decoded scale is one value and it is not blocked (granularity per-tensor)."""
+        return (self.scale.size == 1) & (self.block_size == 0)
+
+    def same_params(self, a: np.ndarray, b: np.ndarray) -> np.ndarray:
+        """Per pair of rows (a[i], b[i]): True when `QParams.same_values` is certainly True for them.
+
+        That is: both per-tensor with a decoded one-value zero-point, of one element type, with equal
+        scales and zero-points. False means "compare one by one", not "different" (NaN, per-axis or
+        undecoded rows land there).
+        """
+        scale, zero_point = self.scale, self.zero_point
+        single = self.per_tensor() & (zero_point.size == 1)
+        return (single[a] & single[b] & (self.elem_type[a] == self.elem_type[b])
+                & (scale.low[a] == scale.low[b]) & (zero_point.low[a] == zero_point.low[b]))
+
     def replace(self, params: QParams) -> None:
         """A node was re-read after a fix swapped its parameters (or added it): its columns are stale."""
         row = self.row_of.setdefault(id(params.node), len(self.rows))
         if row == len(self.rows):
             self.rows.append(params)
             self.elem_type, self.is_quantize = np.append(self.elem_type, 0), np.append(self.is_quantize, False)
+            self.block_size = np.append(self.block_size, 0)
         self.rows[row] = params
-        self.elem_type[row], self.is_quantize[row] = params.elem_type, params.is_quantize
+        self.elem_type[row], self.is_quantize[row], self.block_size[row] = params.elem_type, params.is_quantize, params.block_size
         self.scale.forget(row)
         self.zero_point.forget(row)
 

@@ -16,11 +16,12 @@ from onnx import numpy_helper
 from test_conformance import ENTRIES, Entry
 
 from qdq import pow2
+from qdq.checks import formats
 from qdq.checks.qparams import _scale_problem, _zero_point_problem
 from qdq.errors import ModelLoadError
 from qdq.model import load_model
-from qdq.param_table import ParamColumn
-from qdq.quant_index import QuantIndex
+from qdq.param_table import ParamColumn, ParamTable
+from qdq.quant_index import PER_TENSOR, QuantIndex
 from qdq.rule import CheckContext, Severity
 from qdq.ruleset import load_target
 
@@ -88,6 +89,70 @@ def test_column_checks_report_what_row_checks_report(entry: Entry) -> None:
     pow2_rows = index.table.scale.every(pow2.exact)
     for row in np.flatnonzero(pow2_rows):
         assert pow2.all_pow2(index.table.rows[row].scale)
+
+
+@pytest.mark.parametrize("entry", ENTRIES, ids=lambda e: e.name)
+def test_rows_cleared_at_once_are_what_the_row_checks_say(entry: Entry) -> None:
+    """`per_tensor` rows have per-tensor granularity; `same_params` pairs are `same_values`-equal.
+
+    The pairs are every Q → DQ of a value (QDQ101's, nearly all equal) and every two neighbouring
+    rows (mostly different), so a test that cleared too much would fail here.
+    """
+    index = index_of(entry)
+    table = index.table
+    for row in np.flatnonzero(table.per_tensor()):
+        assert table.rows[row].granularity == PER_TENSOR
+    pairs = [(table.row_of[id(qt.quantize)], table.row_of[id(dq)])
+             for qt in index.qtensors if qt.quantize is not None for dq in qt.dequantizes]
+    pairs += [(row, row + 1) for row in range(len(table.rows) - 1)]
+    a, b = np.array(pairs, dtype=np.int64).reshape(-1, 2).T
+    for i in np.flatnonzero(table.same_params(a, b)):
+        first, second = table.rows[a[i]], table.rows[b[i]]
+        assert first.same_values(second) and first.same_values(second, equal_nan=True), (a[i], b[i])
+
+
+def test_same_params_clears_most_pairs_and_not_all() -> None:
+    """Guards the test above: over the corpus the fast test clears most Q → DQ pairs, and not all neighbours."""
+    pairs = neighbours = []
+    for entry in ENTRIES:
+        try:
+            index = QuantIndex(load_model(entry.path))
+        except ModelLoadError:
+            continue
+        table, rows = index.table, np.arange(len(index.table.rows))
+        q, dq = np.array([(table.row_of[id(qt.quantize)], table.row_of[id(dq)]) for qt in index.qtensors
+                          if qt.quantize is not None for dq in qt.dequantizes], dtype=np.int64).reshape(-1, 2).T
+        pairs = np.concatenate([pairs, table.same_params(q, dq)])
+        neighbours = np.concatenate([neighbours, table.same_params(rows[:-1], rows[1:])])
+    assert pairs.size > 2000 and pairs.mean() > 0.9, (pairs.size, pairs.mean())
+    assert 0 < neighbours.mean() < 0.9, neighbours.mean()
+
+
+# The rules that look one by one only at rows a vectorised test did not clear.
+PRETESTED = ("QDQ003", "QDQ101", "QDQ501", "QDQ502", "QDQ503", "QDQ504", "QDQ506")
+
+
+@pytest.mark.parametrize("target", ["npu", "trt", "ort"])
+def test_pretested_rules_report_what_they_report_looking_at_every_row(target: str, monkeypatch) -> None:
+    """Each rule in PRETESTED, with its vectorised test turned off (every row looked at), reports the same."""
+    rules = [(rule, cfg) for rule, cfg in load_target(target).enabled() if rule.code in PRETESTED]
+    indexes = []
+    for entry in ENTRIES:
+        try:
+            indexes.append(QuantIndex(load_model(entry.path)))
+        except ModelLoadError:
+            continue
+
+    def reported() -> list[dict]:
+        return [f.to_dict() for index in indexes for rule, cfg in rules
+                for f in rule.check(CheckContext(model=index.model, index=index, params=cfg.params, severity=cfg.severity))]
+
+    fast = reported()
+    every_value = formats._values
+    monkeypatch.setattr(formats, "_values", lambda ctx, look=None: every_value(ctx))
+    monkeypatch.setattr(ParamTable, "per_tensor", lambda self: np.zeros(len(self.rows), dtype=bool))
+    monkeypatch.setattr(ParamTable, "same_params", lambda self, a, b: np.zeros(len(a), dtype=bool))
+    assert len(fast) > 50 and reported() == fast
 
 
 def test_a_replaced_row_is_read_again(builder, tmp_path) -> None:

@@ -20,6 +20,7 @@ from onnx import TensorProto, helper, numpy_helper
 import cli
 from qdq.errors import InvalidOutputError
 from qdq.model import load_model, save_model
+from qdq.normalize import _sort_nodes
 
 
 def conv_model(weight: onnx.TensorProto, weight_scale: np.ndarray, opset: int = 17, ir_version: int = 8,
@@ -87,6 +88,26 @@ def test_unsorted_graph_is_sorted_with_a_note(tmp_path):
     out = tmp_path / "out.onnx"
     assert cli.main(["fix", str(path), "--target", "trt", "-o", str(out)]) in (0, 1)
     onnx.checker.check_model(str(out), full_check=True)
+
+
+def _branch(name: str) -> onnx.GraphProto:
+    """A subgraph that reads `y` from the scope around it."""
+    out = helper.make_tensor_value_info(f"{name}_out", TensorProto.FLOAT, None)
+    return helper.make_graph([helper.make_node("Identity", ["y"], [f"{name}_out"])], name, [], [out])
+
+
+@pytest.mark.parametrize("reader", ["plain", "attributes", "subgraph"])
+def test_a_read_of_a_later_value_is_out_of_order(reader):
+    """The already-sorted test looks into subgraphs only for nodes with attributes: each kind of reader
+    of `y`, placed before the Relu that makes it, is found out of order and moved after it."""
+    first = {"plain": helper.make_node("Neg", ["y"], ["z"]),
+             "attributes": helper.make_node("LeakyRelu", ["y"], ["z"], alpha=0.1),
+             "subgraph": helper.make_node("If", ["c"], ["z"], then_branch=_branch("a"), else_branch=_branch("b"))}[reader]
+    relu = helper.make_node("Relu", ["x"], ["y"])
+    inputs = [helper.make_tensor_value_info(n, t, []) for n, t in (("x", TensorProto.FLOAT), ("c", TensorProto.BOOL))]
+    graph = helper.make_graph([first, relu], "g", inputs, [helper.make_tensor_value_info("z", TensorProto.FLOAT, None)])
+    assert _sort_nodes(graph) and [n.op_type for n in graph.node] == ["Relu", first.op_type]
+    assert not _sort_nodes(graph)
 
 
 def test_untyped_value_info_and_shapeless_output_are_tolerated(tmp_path):

@@ -30,14 +30,26 @@ _EIGHT_BIT = {"int8": TensorProto.INT8, "uint8": TensorProto.UINT8}
 _RETYPE_PARAMETERS = {"activation_type": "", "scale_types": []}
 
 
-def _values(ctx: CheckContext) -> Iterable[tuple[QTensor, QParams, str]]:
-    """Every quantized value with constant parameters, its params and its role."""
-    for qt in ctx.index.qtensors:
+def _values(ctx: CheckContext, look: np.ndarray | None = None) -> Iterable[tuple[QTensor, QParams, str]]:
+    """Every quantized value with constant parameters, its params and its role.
+
+    `look`, a mask over the rows of the index's table, leaves out the values whose first node's row
+    it clears: rules pass the rows a vectorised test could not clear, so most values cost nothing.
+    """
+    index = ctx.index
+    if "value_rows" not in index.memo:  # the row of each value's first node (-1 without one)
+        index.memo["value_rows"] = np.fromiter(
+            (index.table.row_of.get(id(qt.nodes[0]), -1) if qt.nodes else -1 for qt in index.qtensors),
+            dtype=np.int64, count=len(index.qtensors))
+    rows = index.memo["value_rows"]
+    wanted = range(len(rows)) if look is None else np.flatnonzero((rows < 0) | look[rows])
+    for i in wanted:
+        qt = index.qtensors[i]
         if not qt.nodes:
             continue
-        params = ctx.index.params(qt.nodes[0])
+        params = index.params(qt.nodes[0])
         if not params.dynamic:
-            yield qt, params, role(ctx.index, qt)
+            yield qt, params, role(index, qt)
 
 
 
@@ -74,7 +86,11 @@ class UnsupportedQuantType(Rule):
     parameters = {"activation_types": [], "weight_types": [], "bias_types": [], **_RETYPE_PARAMETERS}
 
     def check(self, ctx: CheckContext) -> Iterable[Finding]:
-        for qt, params, kind in _values(ctx):
+        table = ctx.index.table
+        # A type every role allows is never reported: only the other rows are looked at.
+        lists = [ctx.params[f"{kind}_types"] for kind in (ACTIVATION, WEIGHT, BIAS)]
+        everywhere = [t for t in np.unique(table.elem_type) if all(not a or type_name(int(t)) in a for a in lists)]
+        for qt, params, kind in _values(ctx, ~np.isin(table.elem_type, everywhere)):
             allowed = ctx.params[f"{kind}_types"]
             dtype = type_name(params.elem_type)
             if allowed and dtype not in allowed and ctx.params["activation_type"] in allowed \
@@ -170,7 +186,7 @@ class PerAxisScale(Rule):
     parameters = {"allow_per_axis": ["weight"]}
 
     def check(self, ctx: CheckContext) -> Iterable[Finding]:
-        for qt, params, kind in _values(ctx):
+        for qt, params, kind in _values(ctx, ~ctx.index.table.per_tensor()):
             if params.granularity == PER_TENSOR or kind in ctx.params["allow_per_axis"]:
                 continue
             yield self.finding(ctx, qt.nodes[0], [ctx.value_name(qt)], subject=qt,
@@ -243,7 +259,7 @@ class AsymmetricZeroPoint(Rule):
     def check(self, ctx: CheckContext) -> Iterable[Finding]:
         if ctx.params["keep_clip"] not in ("relu", ""):
             raise RuleSetError(f"{self.code}.keep_clip must be \"relu\" or \"\", got {ctx.params['keep_clip']!r}")
-        for qt, params, kind in _values(ctx):
+        for qt, params, kind in _values(ctx, ~_symmetric_rows(ctx)):
             if params.qtype is None or params.qtype.is_float:
                 continue
             # Judged on the type QDQ505 gives the value first: uint8 with zp 128 becomes int8 with 0.
@@ -339,6 +355,20 @@ def _dequantized_can_be_negative(ctx: CheckContext, dq, seen: set[int]) -> bool:
     return not same_zp or _can_be_negative(ctx, quantize.inputs[0], seen)
 
 
+def _symmetric_rows(ctx: CheckContext) -> np.ndarray:
+    """Per row of the index's table: True when every decoded zero-point is the one QDQ503 expects, on a
+    type QDQ505 cannot rewrite (with an invalid `activation_type`, none: the rules reading it raise)."""
+    table = ctx.index.table
+    expected = np.full(len(table.rows), np.nan)
+    retype = ctx.params["activation_type"]
+    if retype in ("", *_EIGHT_BIT):
+        for onnx_type in np.unique(table.elem_type):
+            qtype = quant_type(int(onnx_type))
+            if qtype is not None and not qtype.is_float and (not retype or qtype.name not in _EIGHT_BIT):
+                expected[table.elem_type == onnx_type] = _expected_zero_point(qtype, ctx.params["unsigned_midpoint"])
+    return (table.zero_point.low == expected) & (table.zero_point.high == expected)
+
+
 def _expected_zero_point(qtype, unsigned_midpoint: bool) -> float:
     """0 for signed types; the midpoint (128 for uint8) for unsigned ones when the target allows it."""
     if qtype.signed or not unsigned_midpoint:
@@ -385,11 +415,10 @@ class NonPow2Scale(Rule):
                 raise RuleSetError(f"{self.code}.{name} must be one of {', '.join(_ROUNDINGS)}, got {ctx.params[name]!r}")
         table = ctx.index.table
         pow2_rows = table.scale.every(pow2.exact)  # most scales, tested at once
-        for qt, params, kind in _values(ctx):
+        for qt, params, kind in _values(ctx, ~pow2_rows):
             if kind == BIAS and params.elem_type in DEQUANTIZE_ONLY and ctx.params["exempt_int32_bias"]:
                 continue
-            row = table.row_of.get(id(qt.nodes[0]))
-            if (row is not None and pow2_rows[row]) or pow2.all_pow2(params.scale):
+            if pow2.all_pow2(params.scale):
                 continue
             # Blocked scales (int4 weight-only) are not re-quantized: left as they are.
             fixable = (not params.block_size and bool(np.all(np.isfinite(params.scale) & (params.scale > 0)))
@@ -542,7 +571,7 @@ class WeightAxis(Rule):
 
     def check(self, ctx: CheckContext) -> Iterable[Finding]:
         ops = set(ctx.params["ops"])
-        for qt, params, kind in _values(ctx):
+        for qt, params, kind in _values(ctx, ~ctx.index.table.per_tensor()):
             rank = params.data_rank
             if kind != WEIGHT or params.granularity != PER_AXIS or not rank:
                 continue

@@ -32,19 +32,23 @@ class QDQParamMismatch(Rule):
     severity = Severity.ERROR
 
     def check(self, ctx: CheckContext) -> Iterable[Finding]:
-        for qt in ctx.index.qtensors:
-            if qt.quantize is None:
+        table = ctx.index.table
+        pairs = [(qt, dq_node) for qt in ctx.index.qtensors if qt.quantize is not None for dq_node in qt.dequantizes]
+        # Nearly every pair reads equal per-tensor constants: cleared at once, the rest compared one by one.
+        rows = np.array([(table.row_of[id(qt.quantize)], table.row_of[id(dq_node)]) for qt, dq_node in pairs],
+                        dtype=np.int64).reshape(-1, 2)
+        same = table.same_params(rows[:, 0], rows[:, 1])
+        for (qt, dq_node), cleared in zip(pairs, same):
+            if cleared:
                 continue
-            q = ctx.index.params(qt.quantize)
-            for dq_node in qt.dequantizes:
-                dq = ctx.index.params(dq_node)
-                # NaN == NaN here: a pair sharing a NaN scale is QDQ001's error, not a mismatch.
-                if q.dynamic or dq.dynamic or q.same_values(dq, equal_nan=True):
-                    continue
-                yield self.finding(
-                    ctx, dq_node, [qt.integer, q.scale_input, dq.scale_input],
-                    quantize=qt.quantize.name, detail=_difference(q, dq), q=q.describe(), dq=dq.describe(),
-                )
+            q, dq = ctx.index.params(qt.quantize), ctx.index.params(dq_node)
+            # NaN == NaN here: a pair sharing a NaN scale is QDQ001's error, not a mismatch.
+            if q.dynamic or dq.dynamic or q.same_values(dq, equal_nan=True):
+                continue
+            yield self.finding(
+                ctx, dq_node, [qt.integer, q.scale_input, dq.scale_input],
+                quantize=qt.quantize.name, detail=_difference(q, dq), q=q.describe(), dq=dq.describe(),
+            )
 
 
 def _difference(a: QParams, b: QParams) -> str:

@@ -151,7 +151,9 @@ class InvalidAxis(Rule):
     severity = Severity.ERROR
 
     def check(self, ctx: CheckContext) -> Iterable[Finding]:
-        for p in ctx.index.all_params():
+        table = ctx.index.table
+        for row in np.flatnonzero(~table.per_tensor()):  # per-tensor rows have no axis to check
+            p = table.rows[row]
             if p.granularity not in (PER_AXIS, BLOCKED):
                 continue
             rank = _input_rank(p)
