@@ -17,7 +17,7 @@ from typing import Any, Callable
 import onnx_graphsurgeon as gs
 
 from qdq.ops import QDQ_DOMAINS, QDQ_OPS
-from qdq.quant_index import resolve_constant
+from qdq.quant_index import PASS_THROUGH_OPS, resolve_constant
 
 # What a record says happened.
 PARAMS = "params"  # a Q or DQ reads another scale or zero-point constant (input 1 or 2)
@@ -117,9 +117,11 @@ class EditLog:
         self._record(EditRecord(OUTPUT, node.name, slot, old, tensor.name))
 
     def set_values(self, constant: gs.Constant, values: Any) -> None:
-        """Replace a constant's values in place: every reader sees them."""
+        """Replace a constant's values in place: every reader sees them, and the Q/DQs among them are re-read."""
         constant.values = values
         self._record(EditRecord(VALUES, None, None, constant.name, constant.name))
+        for reader in _readers(constant):
+            self._params_changed(reader)
 
     def _set_input(self, node: gs.Node, slot: int, tensor: gs.Tensor) -> None:
         while len(node.inputs) <= slot:
@@ -151,6 +153,17 @@ def _input_kind(node: gs.Node, slot: int, old: gs.Tensor, new: gs.Tensor) -> str
     if not isinstance(new, gs.Constant) or (old.name and resolve_constant(old) is None):
         return INPUT
     return PARAMS if slot in _PARAM_SLOTS and _is_qdq(node) else CONSTANT
+
+
+def _readers(tensor: gs.Tensor) -> list[gs.Node]:
+    """The nodes reading a tensor, through the Identity and Cast nodes that pass a constant on."""
+    found = []
+    for node in tensor.outputs:
+        if node.op in PASS_THROUGH_OPS:
+            found += [reader for out in node.outputs for reader in _readers(out)]
+        else:
+            found.append(node)
+    return found
 
 
 def _is_qdq(node: gs.Node) -> bool:

@@ -187,12 +187,14 @@ def test_set_output_moves_the_output():
     assert log.records == [EditRecord(OUTPUT, "relu", 0, "y", "z")] and log.structural
 
 
-def test_set_values_replaces_in_place():
+def test_set_values_replaces_in_place_and_has_the_readers_re_read():
     graph, p = _graph()
-    log = EditLog(graph)
+    refreshed = []
+    log = EditLog(graph, on_params=lambda node: refreshed.append(node.name))
     log.set_values(p["s"], np.array([0.5], np.float32))
     assert p["s"].values.shape == (1,) and p["dq"].inputs[1] is p["s"]
     assert log.records == [EditRecord(VALUES, None, None, "s", "s")] and log.structural and log.touched == set()
+    assert sorted(refreshed) == ["dq", "q"]  # the Q reads the scale through an Identity
 
 
 def test_set_attr_records_only_a_change():
