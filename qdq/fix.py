@@ -21,12 +21,13 @@ from typing import Any
 
 from qdq import progress
 from qdq.edits import EditLog, EditRecord
+from qdq.errors import InvalidOutputError
 from qdq.graph_tidy import tidy
 from qdq.lint import LintResult, lint
 from qdq.model import Model, gc_paused
 from qdq.names import Names
 from qdq.quant_index import QuantIndex
-from qdq.rule import Change, CheckContext, Finding, FixContext, FixSafety, ScaleCeilings
+from qdq.rule import Change, CheckContext, Finding, FixContext, FixSafety, Rule, ScaleCeilings
 from qdq.ruleset import RuleSet
 
 log = logging.getLogger("qdq")
@@ -67,6 +68,20 @@ class FixResult:
             "remaining": [f.to_dict() for f in self.result.findings],
             "edits_by_kind": dict(sorted(Counter(e.kind for e in self.edits).items())),
         }
+
+
+def _fix_one(rule: Rule, finding: Finding, ctx: FixContext) -> list[Change]:
+    """The changes one fix made; a fix that edits the graph without reporting a change is a bug in qdq.
+
+    The driver would count such a round as converged and the report would not show the edit: qdq
+    never changes a model silently, so it stops instead, and nothing is written.
+    """
+    edits_before = len(ctx.edits.records)
+    changes = rule.fix(ctx, finding)
+    if len(ctx.edits.records) > edits_before and not changes:
+        raise InvalidOutputError(f"{ctx.model.path}: not fixed: {rule.code} changed the graph at {finding.node} without "
+                                 "reporting a change; this is a bug in qdq, please report it")
+    return changes
 
 
 def fix(
@@ -122,7 +137,7 @@ def _fix(
             made: list[Change] = []
             for finding in found[rule.code]:
                 if finding.fix is not None:
-                    made += rule.fix(fix_ctx, finding)
+                    made += _fix_one(rule, finding, fix_ctx)
             if made:
                 log.info("round %d: %s changed %d value(s)", rounds, rule.code, len(made))
             if journal.structural:

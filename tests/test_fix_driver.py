@@ -6,9 +6,10 @@ import numpy as np
 import onnx
 import pytest
 
-from qdq.errors import RuleSetError
+from qdq.errors import InvalidOutputError, RuleSetError
 from qdq.fix import fix
 from qdq.model import load_model, save_model
+from qdq.registry import all_rules
 from qdq.rule import FixSafety, ScaleCeilings
 from qdq.ruleset import load_rules_file, load_target
 
@@ -133,3 +134,21 @@ def test_a_scale_ceiling_only_comes_down():
     ceilings.lower("b", 2.0 ** -8)
     assert ceilings.lowest(["a"]) == 2.0 ** -7
     assert ceilings.lowest(["a", "b", "c"]) == 2.0 ** -8
+
+
+def test_a_fix_that_edits_without_reporting_a_change_stops_the_fix(builder, tmp_path, monkeypatch):
+    """qdq never changes a model silently: such a fix is a bug, and the driver refuses to go on."""
+    x = builder.input("x", [1, 4])
+    out = builder.qdq(x, scale=0.05)
+    builder.node("Identity", [out], ["y"])
+    builder.output("y", [1, 4])
+    model = load_model(builder.save(tmp_path / "m.onnx"))
+    rule = all_rules()["QDQ504"]
+
+    def silent(self, ctx, finding):
+        ctx.edits.set_attr(next(n for n in ctx.graph.nodes if n.op == "QuantizeLinear"), "axis", 0)
+        return []
+
+    monkeypatch.setattr(rule, "fix", silent)
+    with pytest.raises(InvalidOutputError, match="QDQ504 changed the graph at .* without reporting a change"):
+        fix(model, load_target("npu").narrowed(select=["QDQ504"]))
