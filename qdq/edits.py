@@ -14,6 +14,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Any, Callable
 
+import numpy as np
 import onnx_graphsurgeon as gs
 
 from qdq.ops import QDQ_DOMAINS, QDQ_OPS
@@ -136,7 +137,7 @@ class EditLog:
             node.attrs.pop(name, None)
         else:
             node.attrs[name] = value
-        if old != value:
+        if not _same_value(old, value):
             self._record(EditRecord(ATTRIBUTE, node.name, name, _text(old), _text(value)))
 
     def _params_changed(self, node: gs.Node) -> None:
@@ -168,6 +169,13 @@ def _readers(tensor: gs.Tensor) -> list[gs.Node]:
 
 def _is_qdq(node: gs.Node) -> bool:
     return node.op in QDQ_OPS and node.domain in QDQ_DOMAINS
+
+
+def _same_value(old: Any, new: Any) -> bool:
+    """Whether an attribute keeps its value (arrays compared element by element: `!=` would not give one bool)."""
+    if isinstance(old, np.ndarray) or isinstance(new, np.ndarray):
+        return old is not None and new is not None and np.array_equal(old, new)
+    return old == new
 
 
 def _text(value: Any) -> str | None:

@@ -208,6 +208,15 @@ def test_set_attr_records_only_a_change():
     assert refreshed == ["dq"] and not log.structural
 
 
+def test_set_attr_compares_array_values_whole():
+    graph, p = _graph()
+    log = EditLog(graph)
+    log.set_attr(p["relu"], "pads", np.array([1, 1]))
+    log.set_attr(p["relu"], "pads", np.array([1, 1]))  # the same value again: nothing to record
+    log.set_attr(p["relu"], "pads", np.array([1, 2]))
+    assert [(r.old, r.new) for r in log.records] == [(None, "[1 1]"), ("[1 1]", "[1 2]")]
+
+
 def test_records_are_data():
     record = EditRecord(PARAMS, "dq", 1, "s", "s2")
     assert record.to_dict() == {"kind": "params", "node": "dq", "slot": 1, "old": "s", "new": "s2"}
