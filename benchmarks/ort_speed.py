@@ -18,6 +18,7 @@ weight pairs can saturate the 16-bit pair sums of u8×s8 kernels without VNNI, o
 range the test images give and over any input (`saturation`, onnx and numpy only).
 
     python benchmarks/ort_speed.py [--rounds 15] [--runs 100] [--epochs 2] [--qat-steps 60] [--json FILE]
+    python benchmarks/ort_speed.py --accuracy-seeds 0,1,2,3,4,5    # top-1 only, per training seed
 """
 
 from __future__ import annotations
@@ -59,10 +60,10 @@ WARMUP_RUNS = 10
 # --------------------------------------------------------------------------- building the variants
 
 
-def build_variants(name: str, epochs: int, qat_steps: int, folder: Path) -> tuple[dict[str, Path], dict]:
+def build_variants(name: str, epochs: int, qat_steps: int, folder: Path, seed: int = 0) -> tuple[dict[str, Path], dict]:
     """Train, export, quantize and fix one network; the files by variant, and what the fix did."""
-    data = networks.load_data(networks.INPUT_CHANNELS[name])
-    model = networks.build(name, epochs=epochs, data=data)
+    data = networks.load_data(networks.INPUT_CHANNELS[name], seed=seed)
+    model = networks.build(name, seed=seed, epochs=epochs, data=data)
     paths = {"float": networks.export_float(model, folder / f"{name}_float.onnx")}
     paths["ptq"] = networks.quantize_ort_default(
         paths["float"], folder / f"{name}_ptq.onnx", networks.calibration_batches(data))
@@ -250,6 +251,38 @@ def measure(name: str, epochs: int, qat_steps: int, rounds: int, runs: int, fold
     return {"network": name, "fix": built["fix"], "variants": rows, "seconds": round(time.perf_counter() - start, 1)}
 
 
+def accuracy_over_seeds(name: str, seeds: list[int], epochs: int, qat_steps: int, folder: Path) -> list[dict]:
+    """Top-1 of the QAT export and of its fix, per training seed (split, initialisation and batches all change).
+
+    Why: 360 test images put one image at 0.28 points, so a single network cannot tell a fix that
+    costs accuracy from a seed that happens to favour one file; the same comparison over seeds can.
+    """
+    rows = []
+    for seed in seeds:
+        seed_folder = folder / f"{name}_seed{seed}"
+        seed_folder.mkdir()
+        paths, built = build_variants(name, epochs, qat_steps, seed_folder, seed)
+        data = built["data"]
+        row = {"seed": seed, "images": len(data[3])}
+        for variant in ("qat", "qat_fixed"):
+            row[variant] = networks.accuracy(paths[variant], data)
+            row[f"{variant}_unoptimized"] = networks.accuracy(paths[variant], data, optimize=False)
+        rows.append(row)
+    return rows
+
+
+def print_seeds(name: str, rows: list[dict]) -> None:
+    print(f"\n== {name}: top-1 over training seeds (images the fix gains or loses against the QAT export)")
+    print(f"{'seed':>4} {'QAT':>6} {'fixed':>6} {'±img':>5}   {'QAT noopt':>9} {'fixed noopt':>11} {'±img':>5}")
+    for r in rows:
+        gained = [round((r[f"qat_fixed{k}"] - r[f"qat{k}"]) * r["images"]) for k in ("", "_unoptimized")]
+        print(f"{r['seed']:>4} {r['qat']:6.3f} {r['qat_fixed']:6.3f} {gained[0]:+5d}   {r['qat_unoptimized']:9.3f} "
+              f"{r['qat_fixed_unoptimized']:11.3f} {gained[1]:+5d}")
+    means = {k: statistics.mean(r[k] for r in rows) for k in ("qat", "qat_fixed", "qat_unoptimized", "qat_fixed_unoptimized")}
+    print(f"mean {means['qat']:6.4f} {means['qat_fixed']:6.4f}         {means['qat_unoptimized']:9.4f} "
+          f"{means['qat_fixed_unoptimized']:11.4f}")
+
+
 def sqnr(reference: np.ndarray, candidate: np.ndarray) -> float | None:
     """Logit SQNR in dB; None for a model against itself."""
     if reference is candidate:
@@ -345,8 +378,20 @@ def main(argv: list[str] | None = None) -> list[dict]:
     parser.add_argument("--epochs", type=int, default=2, help="float training epochs per network")
     parser.add_argument("--qat-steps", type=int, default=60, help="FX QAT training batches")
     parser.add_argument("--json", type=Path, help="also write the results here")
+    parser.add_argument("--accuracy-seeds", metavar="S,S,...",
+                        help="instead of timing: top-1 of the QAT export and its fix for each of these training seeds")
     args = parser.parse_args(argv)
     head = header(args)
+    if args.accuracy_seeds:
+        seeds = [int(s) for s in args.accuracy_seeds.split(",")]
+        with tempfile.TemporaryDirectory(prefix="qdq-ort-seeds-") as folder:
+            by_network = {name: accuracy_over_seeds(name, seeds, args.epochs, args.qat_steps, Path(folder))
+                          for name in NETWORKS}
+        for name, rows in by_network.items():
+            print_seeds(name, rows)
+        if args.json:
+            args.json.write_text(json.dumps({"header": head, "accuracy_over_seeds": by_network}, indent=2) + "\n")
+        return [{"network": name, "accuracy_over_seeds": rows} for name, rows in by_network.items()]
     with tempfile.TemporaryDirectory(prefix="qdq-ort-speed-") as folder:
         results = [measure(name, args.epochs, args.qat_steps, args.rounds, args.runs, Path(folder))
                    for name in NETWORKS]

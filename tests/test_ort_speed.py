@@ -52,3 +52,24 @@ def test_ort_speed_tiny_run(tmp_path, capsys, monkeypatch):
         assert rows["qat_exact"]["qlinear_conv"] <= 1 and rows["qat"]["qlinear_conv"] <= 1
         assert result["fix"]["qat_fixed"]["remaining"] == {}
         assert result["verdict"]["every_conv_fused"]
+
+
+def test_accuracy_over_seeds_trains_each_seed_apart(tmp_path, capsys, monkeypatch):
+    benchmark = load_benchmark()
+    load_data, splits = benchmark.networks.load_data, {}
+
+    def small_test_split(channels, *args, seed=0, **kwargs):
+        train_x, train_y, test_x, test_y = load_data(channels, *args, seed=seed, **kwargs)
+        splits[seed] = test_y[:40]
+        return train_x, train_y, test_x[:40], test_y[:40]
+
+    monkeypatch.setattr(benchmark.networks, "load_data", small_test_split)
+    monkeypatch.setattr(benchmark, "NETWORKS", ["resnet"])
+    out = tmp_path / "seeds.json"
+    results = benchmark.main(["--accuracy-seeds", "0,1", "--epochs", "0", "--qat-steps", "2", "--json", str(out)])
+    rows = json.loads(out.read_text())["accuracy_over_seeds"]["resnet"]
+    assert rows == results[0]["accuracy_over_seeds"] and [r["seed"] for r in rows] == [0, 1]
+    assert all(r["images"] == 40 and 0 <= r["qat_fixed"] <= 1 for r in rows)
+    assert not (splits[0] == splits[1]).all()  # each seed shuffles its own split
+    printed = capsys.readouterr().out
+    assert "== resnet: top-1 over training seeds" in printed and printed.count("\n   0 ") + printed.count("\n   1 ") == 2
