@@ -193,8 +193,9 @@ def _stored(source: ConstantSource | None, types: dict) -> tuple[TensorProto, st
         return None
     dtype, typed = known
     count = math.prod(proto.dims)
+    raw = proto.raw_data  # each read of a bytes field copies it
     # Empty or short data is read one by one, where it gets its error message (Model.constant_values).
-    if proto.raw_data:
-        return (proto, "raw_data", proto.raw_data) if len(proto.raw_data) == count * dtype.itemsize else None
+    if raw:
+        return (proto, "raw_data", raw) if len(raw) == count * dtype.itemsize else None
     values = getattr(proto, typed) if typed is not None else ()
     return (proto, typed, values) if count and len(values) == count else None
