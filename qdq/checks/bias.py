@@ -108,6 +108,7 @@ def _operands(ctx: CheckContext, node) -> tuple[QTensor, np.ndarray, int] | None
 
 
 def _bias(index: QuantIndex, node: gs.Node) -> QTensor | None:
+    """The quantized value an op reads as its bias, if any."""
     return input_value(index, node, BIAS_INPUT[node.op]) if node.op in BIAS_INPUT else None
 
 
