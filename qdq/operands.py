@@ -8,9 +8,9 @@ the rule set names those ops in the `output_through` and `output_through_mul` pa
 
 from __future__ import annotations
 
+import math
 from typing import Iterable
 
-import numpy as np
 import onnx_graphsurgeon as gs
 
 from qdq import pow2
@@ -91,18 +91,20 @@ def _reaches(tensor: gs.Tensor | None, source: gs.Tensor) -> bool:
 def scale_of(index: QuantIndex, qt: QTensor) -> float | None:
     """The single scale of a per-tensor value with constant parameters, else None."""
     params = index.params(qt.nodes[0])
-    if params.dynamic or params.granularity != PER_TENSOR or params.scale.size != 1:
+    if params.dynamic:
         return None
-    value = float(params.scale.ravel()[0])
-    return value if value > 0 and np.isfinite(value) else None
+    value = index.table.single_scale(params)  # the NPU rules ask for every operand: most are decoded
+    if value is None:
+        if params.granularity != PER_TENSOR or params.scale.size != 1:
+            return None
+        value = float(params.scale.ravel()[0])
+    return value if value > 0 and math.isfinite(value) else None
 
 
 def pos_of(index: QuantIndex, qt: QTensor | None) -> int | None:
     """The fix position of a per-tensor power-of-two value (scale = 2^-pos), else None."""
-    if qt is None:
-        return None
-    scale = scale_of(index, qt)
-    return pow2.int_pos(scale) if scale is not None and pow2.is_pow2(scale) else None
+    scale = scale_of(index, qt) if qt is not None else None
+    return pow2.exact_pos(scale) if scale is not None else None
 
 
 def output_channel_axis(node: gs.Node, weight_rank: int) -> int:

@@ -16,10 +16,18 @@ def pos(scale: float) -> float:
 
 def is_pow2(scale: float) -> bool:
     """True when the scale is exactly a power of two, as stored (no tolerance)."""
+    return exact_pos(scale) is not None
+
+
+def exact_pos(scale: float) -> int | None:
+    """The integer fix position of an exact power-of-two scale, else None.
+
+    One `frexp` (no logarithm): the NPU rules ask this for every operand of every op.
+    """
     if not (scale > 0 and math.isfinite(scale)):
-        return False
-    mantissa, _ = math.frexp(scale)
-    return mantissa == 0.5
+        return None
+    mantissa, exponent = math.frexp(scale)
+    return 1 - exponent if mantissa == 0.5 else None  # scale = 0.5 · 2^exponent = 2^-(1 - exponent)
 
 
 def all_pow2(scales: np.ndarray) -> bool:
@@ -40,6 +48,7 @@ def exact(values: np.ndarray) -> np.ndarray:
 
 def int_pos(scale: float) -> int:
     """The integer fix position of an exact power-of-two scale; ValueError otherwise."""
-    if not is_pow2(scale):
+    found = exact_pos(scale)
+    if found is None:
         raise ValueError(f"scale {scale!r} is not a power of two")
-    return int(round(pos(scale)))
+    return found

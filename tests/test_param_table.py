@@ -1,8 +1,9 @@
 """The Q/DQ parameter columns (`qdq.param_table`) against onnx's own decoding, over the whole corpus.
 
 The columns are a fast path: every value they hold must be what `onnx.numpy_helper` reads from the
-same TensorProto, and the rules that test the columns at once (QDQ001, QDQ002, QDQ504) must report
-what their row-by-row checks report on every row.
+same TensorProto, the rules that test the columns at once (QDQ001, QDQ002, QDQ504) must report
+what their row-by-row checks report on every row, and the scales and positions the NPU rules read
+from them (`operands.scale_of`, `pos_of`) must be those read one by one.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ import pytest
 from onnx import numpy_helper
 from test_conformance import ENTRIES, Entry
 
-from qdq import pow2
+from qdq import operands, pow2
 from qdq.checks import formats
 from qdq.checks.qparams import _scale_problem, _zero_point_problem
 from qdq.errors import ModelLoadError
@@ -128,6 +129,34 @@ def test_same_params_clears_most_pairs_and_not_all() -> None:
     assert 0 < neighbours.mean() < 0.9, neighbours.mean()
 
 
+@pytest.mark.parametrize("entry", ENTRIES, ids=lambda e: e.name)
+def test_scales_and_positions_read_from_the_columns_are_the_one_by_one_ones(entry: Entry, monkeypatch) -> None:
+    """`scale_of` and `pos_of` (the NPU rules' operands) answer from `single_scale` where a row is decoded."""
+    index = index_of(entry)
+    fast = [(operands.scale_of(index, qt), operands.pos_of(index, qt)) for qt in index.qtensors]
+    monkeypatch.setattr(ParamTable, "single_scale", lambda self, params: None)
+    assert fast == [(operands.scale_of(index, qt), operands.pos_of(index, qt)) for qt in index.qtensors]
+
+
+def test_most_corpus_scales_are_read_from_the_columns() -> None:
+    """Guards the test above: `single_scale` answers for most values, power-of-two, other and not per-tensor
+    scales among them."""
+    answered, total, kinds = 0, 0, set()
+    for entry in ENTRIES:
+        try:
+            index = QuantIndex(load_model(entry.path))
+        except ModelLoadError:
+            continue
+        for qt in index.qtensors:
+            scale = index.table.single_scale(index.params(qt.nodes[0]))
+            total += 1
+            if scale is not None:
+                answered += 1
+                kinds.add("not per-tensor" if math.isnan(scale) else "pow2" if pow2.is_pow2(scale) else "other")
+    assert total > 2000 and answered / total > 0.9, (answered, total)
+    assert kinds == {"not per-tensor", "pow2", "other"}
+
+
 # The rules that look one by one only at rows a vectorised test did not clear.
 PRETESTED = ("QDQ003", "QDQ101", "QDQ501", "QDQ502", "QDQ503", "QDQ504", "QDQ506")
 
@@ -164,9 +193,11 @@ def test_a_replaced_row_is_read_again(builder, tmp_path) -> None:
     node = next(p.node for p in table.rows if p.node.name == "b_q")
     row = table.row_of[id(node)]
     assert table.scale.decoded.all() and index.params(node).scale == np.float32(0.25)
+    assert table.single_scale(index.params(node)) == 0.25
     node.inputs[1] = gs.Constant("new_scale", np.array(0.125, np.float32))
     index.refresh(node)
     assert not table.scale.decoded[row] and index.params(node).scale == 0.125
+    assert table.single_scale(index.params(node)) is None
     assert table.rows[row] is index.params(node)
     # The gap the forgotten row leaves does not shift its neighbours' answers.
     assert table.scale.every(pow2.exact).tolist() == [r != row for r in range(len(table.rows))]
@@ -177,6 +208,6 @@ def test_a_constant_replaced_in_place_is_not_read_from_the_columns(builder, tmp_
     builder.output(builder.qdq(builder.input("x", [1, 4]), 0.5, name="a"), [1, 4])
     table = QuantIndex(load_model(builder.save(tmp_path / "m.onnx"))).table
     params = table.rows[0]
-    assert table.values_of(params, "scale") == np.float32(0.5)
+    assert table.values_of(params, "scale") == np.float32(0.5) and table.single_scale(params) == 0.5
     params.scale_source.constant.values = np.array([0.25], np.float32)
-    assert table.values_of(params, "scale") is None
+    assert table.values_of(params, "scale") is None and table.single_scale(params) is None

@@ -7,7 +7,7 @@ import math
 import numpy as np
 import pytest
 
-from qdq.pow2 import all_pow2, int_pos, is_pow2, pos
+from qdq.pow2 import all_pow2, exact_pos, int_pos, is_pow2, pos
 
 F32_MIN_NORMAL = 2.0**-126
 F32_MIN_SUBNORMAL = 2.0**-149
@@ -53,6 +53,16 @@ def test_not_powers_of_two(scale):
     assert pos(scale) == -math.log2(float(scale))
     with pytest.raises(ValueError, match="not a power of two"):
         int_pos(scale)
+
+
+def test_exact_pos_is_the_rounded_logarithm_for_every_float64_power_of_two():
+    """`exact_pos` takes the position from `frexp`; it is what rounding `pos` (a logarithm) gives."""
+    for exponent in range(-1074, 1024):
+        scale = 2.0**exponent
+        assert exact_pos(scale) == round(pos(scale)) == -exponent
+        assert exact_pos(-scale) is None
+        if exponent < 1023:  # 3 · 2^k is a float64 for every k here, never a power of two
+            assert exact_pos(scale * 3) is None
 
 
 def test_pos_is_not_rounded():

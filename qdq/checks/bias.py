@@ -55,13 +55,13 @@ class BiasScaleMismatch(Rule):
         for node in ctx.graph.nodes:
             if node.op not in ops:
                 continue
-            found = _operands(ctx, node)
-            if found is None:
-                continue
-            bias, expected, axis = found
-            params = ctx.index.params(bias.nodes[0])
-            if params.dynamic or type_name(params.elem_type) not in ctx.params["types"]:
+            bias = _bias(ctx.index, node)  # the bias first: many ops have none, or one of other types
+            params = ctx.index.params(bias.nodes[0]) if bias is not None else None
+            if params is None or params.dynamic or type_name(params.elem_type) not in ctx.params["types"]:
                 continue  # parameters computed at run time (convert_fx's bias zero-point) cannot be read
+            expected = _accumulator_scale(ctx.index, node)
+            if expected is None:
+                continue
             actual = params.scale.ravel()
             if actual.size in (1, expected.size) and np.allclose(actual, expected, rtol=ctx.params["rtol"], atol=0):
                 continue
@@ -100,11 +100,16 @@ def _private(ctx: FixContext, node: gs.Node, bias: QTensor) -> QTensor:
 
 def _operands(ctx: CheckContext, node) -> tuple[QTensor, np.ndarray, int] | None:
     """The bias value, the scale it must have (float32 product, as runtimes compute it) and its axis."""
-    bias = input_value(ctx.index, node, BIAS_INPUT[node.op]) if node.op in BIAS_INPUT else None
-    expected = _accumulator_scale(ctx.index, node)
-    if bias is None or expected is None:
+    bias = _bias(ctx.index, node)
+    expected = _accumulator_scale(ctx.index, node) if bias is not None else None
+    if expected is None:
         return None
     return bias, expected, 0
+
+
+def _bias(index: QuantIndex, node: gs.Node) -> QTensor | None:
+    """The quantized value an op reads as its bias, if any."""
+    return input_value(index, node, BIAS_INPUT[node.op]) if node.op in BIAS_INPUT else None
 
 
 def _accumulator_scale(index: QuantIndex, node: gs.Node) -> np.ndarray | None:

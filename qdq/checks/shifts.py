@@ -291,10 +291,10 @@ class ShiftBias(_Weighted):
         return min(0, shift_cut + ctx.params["output_bits"] - ctx.params["accumulator_bits"]), ctx.params["max"]
 
     def state(self, ctx, node):
-        found = self.operands(ctx, node)
         bias = self.bias(ctx, node)
         bpos = pos_of(ctx.index, bias)
-        if found is None or bpos is None:
+        found = self.operands(ctx, node) if bpos is not None else None  # the bias first: most ops have none
+        if found is None:
             return None
         data, weight, output, ipos, wpos, opos = found
         low, high = self.bounds(ctx, node, wpos + ipos - opos)
