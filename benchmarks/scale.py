@@ -301,6 +301,11 @@ def render(results: dict) -> str:
         growth = results["growth"]
         lines += ["", f"growth {growth['from']} -> {growth['to']} nodes (time ratio): " + ", ".join(
             f"{name} {ratio:.1f}x" for name, ratio in growth["time_ratio"].items())]
+    largest_size, largest_row = max(results["sizes"].items(), key=lambda item: int(item[0]))
+    opened = largest_row["median_s"]["ort session"]
+    lines += ["", f"onnxruntime opening the {largest_size}-node input takes {opened:.2f} s (fix opens every file it "
+              "writes the same way before keeping it); each command against that: " + ", ".join(
+                  f"{name} {largest_row['median_s'][name] / opened:.2f}x" for name in QDQ_COMMANDS)]
     verified = results["sizes"].get(str(VERIFY_SIZE), {}).get("median_s", {})
     if VERIFIED in verified:
         lines += ["", f"verification at {VERIFY_SIZE} nodes: fix npu with its default onnxruntime verification "

@@ -50,6 +50,7 @@ def test_one_repeat_run_measures_every_target(tmp_path, capsys):
         assert results["sizes"]["1000"]["median_s"][command] > 0
     printed = capsys.readouterr().out
     assert "targets:" in printed and printed.count("PASS") + printed.count("FAIL") >= len(targets)
+    assert "onnxruntime opening the 1000-node input takes" in printed
 
 
 def test_export_benchmark_times_both_exports(tmp_path, monkeypatch, capsys):
