@@ -150,6 +150,15 @@ class ParamTable:
             return None
         return self.row_of.get(id(params.node))
 
+    def per_type(self, value: Callable[[int], float | None]) -> np.ndarray:
+        """Per row, `value` of its element type (NaN where it gives None): asked once per type, not per row."""
+        column = np.full(len(self.rows), np.nan)
+        for onnx_type in np.unique(self.elem_type):
+            found = value(int(onnx_type))
+            if found is not None:
+                column[self.elem_type == onnx_type] = found
+        return column
+
     def per_tensor(self) -> np.ndarray:
         """Per row: True when its decoded scale is one value and it is not blocked (granularity per-tensor)."""
         return (self.scale.size == 1) & (self.block_size == 0)

@@ -359,14 +359,16 @@ def _symmetric_rows(ctx: CheckContext) -> np.ndarray:
     """Per row of the index's table: True when every decoded zero-point is the one QDQ503 expects, on a
     type QDQ505 cannot rewrite (with an invalid `activation_type`, none: the rules reading it raise)."""
     table = ctx.index.table
-    expected = np.full(len(table.rows), np.nan)
     retype = ctx.params["activation_type"]
-    if retype in ("", *_EIGHT_BIT):
-        for onnx_type in np.unique(table.elem_type):
-            qtype = quant_type(int(onnx_type))
-            if qtype is not None and not qtype.is_float and (not retype or qtype.name not in _EIGHT_BIT):
-                expected[table.elem_type == onnx_type] = _expected_zero_point(qtype, ctx.params["unsigned_midpoint"])
-    return (table.zero_point.low == expected) & (table.zero_point.high == expected)
+
+    def expected(onnx_type: int) -> float | None:
+        qtype = quant_type(onnx_type)
+        if retype not in ("", *_EIGHT_BIT) or qtype is None or qtype.is_float or (retype and qtype.name in _EIGHT_BIT):
+            return None
+        return _expected_zero_point(qtype, ctx.params["unsigned_midpoint"])
+
+    zero_point = table.per_type(expected)
+    return (table.zero_point.low == zero_point) & (table.zero_point.high == zero_point)
 
 
 def _expected_zero_point(qtype, unsigned_midpoint: bool) -> float:

@@ -96,11 +96,9 @@ class InvalidZeroPoint(Rule):
 
     def check(self, ctx: CheckContext) -> Iterable[Finding]:
         table = ctx.index.table
-        qmin, qmax = np.full(len(table.rows), np.nan), np.full(len(table.rows), np.nan)
-        for onnx_type in np.unique(table.elem_type):
-            qtype = QUANT_TYPES.get(int(onnx_type))
-            if qtype is not None and not qtype.is_float:
-                qmin[table.elem_type == onnx_type], qmax[table.elem_type == onnx_type] = qtype.qmin, qtype.qmax
+        integer = {onnx_type: qtype for onnx_type, qtype in QUANT_TYPES.items() if not qtype.is_float}
+        qmin = table.per_type(lambda onnx_type: integer[onnx_type].qmin if onnx_type in integer else None)
+        qmax = table.per_type(lambda onnx_type: integer[onnx_type].qmax if onnx_type in integer else None)
         producible = ~(table.is_quantize & np.isin(table.elem_type, list(DEQUANTIZE_ONLY)))
         # Decoded zero-points are all of an integer type: valid when inside its range (NaN compares false).
         valid = producible & (table.zero_point.low >= qmin) & (table.zero_point.high <= qmax)
