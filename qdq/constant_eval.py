@@ -15,10 +15,10 @@ import logging
 
 import numpy as np
 import onnx
-import onnx_graphsurgeon as gs
 from onnx import helper, numpy_helper, shape_inference
-from onnx_graphsurgeon.exporters.onnx_exporter import OnnxExporter
 
+from qdq import ir
+from qdq.graph_export import node_proto
 from qdq.rule import CheckContext
 
 log = logging.getLogger("qdq")
@@ -29,7 +29,7 @@ log = logging.getLogger("qdq")
 MAX_CONSTANT_NODES = 64
 
 
-def constant_ancestry(tensor: gs.Tensor) -> list[gs.Node] | None:
+def constant_ancestry(tensor: ir.Tensor) -> list[ir.Node] | None:
     """The nodes that compute `tensor` from constants alone, producers first; None if it reads a
     graph input or takes more than MAX_CONSTANT_NODES nodes."""
     producer = _producer(tensor)
@@ -37,7 +37,7 @@ def constant_ancestry(tensor: gs.Tensor) -> list[gs.Node] | None:
         return None
     if producer is None:
         return []
-    order: list[gs.Node] = []
+    order: list[ir.Node] = []
     done: set[int] = set()
     stack = [(producer, iter(producer.inputs))]
     while stack:  # depth-first, a node after all its producers (no recursion: chains can be long)
@@ -59,14 +59,14 @@ def constant_ancestry(tensor: gs.Tensor) -> list[gs.Node] | None:
     return order
 
 
-def _producer(tensor: gs.Tensor) -> gs.Node | None | bool:
+def _producer(tensor: ir.Tensor) -> ir.Node | None | bool:
     """The node making `tensor`; None for a constant or an empty input; False for a graph input."""
-    if isinstance(tensor, gs.Constant) or tensor.name == "":
+    if isinstance(tensor, ir.Constant) or tensor.name == "":
         return None
     return tensor.inputs[0] if len(tensor.inputs) == 1 else False
 
 
-def evaluate_constant(ctx: CheckContext, tensor: gs.Tensor) -> np.ndarray | None:
+def evaluate_constant(ctx: CheckContext, tensor: ir.Tensor) -> np.ndarray | None:
     """The values of a constant-computed tensor, as onnxruntime (optimisations off) computes them;
     None (with a warning) when the tensor reads a graph input or onnxruntime cannot compute it."""
     nodes = constant_ancestry(tensor)
@@ -77,13 +77,13 @@ def evaluate_constant(ctx: CheckContext, tensor: gs.Tensor) -> np.ndarray | None
     return evaluate_in_onnxruntime(ctx, tensor, nodes)
 
 
-def evaluate_in_onnxruntime(ctx: CheckContext, tensor: gs.Tensor, nodes: list[gs.Node]) -> np.ndarray | None:
+def evaluate_in_onnxruntime(ctx: CheckContext, tensor: ir.Tensor, nodes: list[ir.Node]) -> np.ndarray | None:
     """`tensor` computed by running `nodes` (its constant ancestry) in onnxruntime, optimisations off."""
     from qdq.runtime import session  # imported here: linting never needs onnxruntime
 
-    constants = {id(t): t for n in nodes for t in n.inputs if isinstance(t, gs.Constant)}.values()
+    constants = {id(t): t for n in nodes for t in n.inputs if isinstance(t, ir.Constant)}.values()
     graph = helper.make_graph(
-        [OnnxExporter.export_node(n) for n in nodes], "constant", [],
+        [node_proto(n) for n in nodes], "constant", [],
         [helper.make_value_info(tensor.name, onnx.TypeProto())],
         [numpy_helper.from_array(np.asarray(ctx.model.constant_values(c)), c.name) for c in constants])
     proto = helper.make_model(graph, opset_imports=ctx.model.proto.opset_import, ir_version=ctx.model.proto.ir_version)
@@ -96,13 +96,13 @@ def evaluate_in_onnxruntime(ctx: CheckContext, tensor: gs.Tensor, nodes: list[gs
         return None
 
 
-def dequantized_in_numpy(ctx: CheckContext, node: gs.Node) -> np.ndarray | None:
+def dequantized_in_numpy(ctx: CheckContext, node: ir.Node) -> np.ndarray | None:
     """What onnxruntime's DequantizeLinear makes of stored integers with float32 scales (per tensor
     or per axis), computed in numpy; None for anything else (blocked, float8, float16 scales...)."""
     if node.op != "DequantizeLinear" or node.domain not in (None, "", "ai.onnx") or node.attrs.get("block_size", 0):
         return None
     inputs = [t for t in node.inputs if t is not None and t.name != ""]
-    if not all(isinstance(t, gs.Constant) for t in inputs):
+    if not all(isinstance(t, ir.Constant) for t in inputs):
         return None
     integers, scale, *rest = (np.asarray(ctx.model.constant_values(t)) for t in inputs)
     zero_point = rest[0] if rest else np.zeros((), dtype=integers.dtype)

@@ -15,8 +15,8 @@ from dataclasses import asdict, dataclass
 from typing import Any, Callable
 
 import numpy as np
-import onnx_graphsurgeon as gs
 
+from qdq import ir
 from qdq.ops import QDQ_DOMAINS, QDQ_OPS
 from qdq.quant_index import PASS_THROUGH_OPS, resolve_constant
 
@@ -56,7 +56,7 @@ class EditLog:
     scale or zero-point input or an attribute changed, or it was just added.
     """
 
-    def __init__(self, graph: gs.Graph, on_params: Callable[[gs.Node], None] | None = None):
+    def __init__(self, graph: ir.Graph, on_params: Callable[[ir.Node], None] | None = None):
         self.graph = graph
         self.on_params = on_params
         self.records: list[EditRecord] = []
@@ -72,20 +72,20 @@ class EditLog:
         """The names of the Q/DQ nodes that read another scale or zero-point constant."""
         return {r.node for r in self.records if r.kind == PARAMS}
 
-    def set_input(self, node: gs.Node, slot: int, tensor: gs.Tensor) -> None:
+    def set_input(self, node: ir.Node, slot: int, tensor: ir.Tensor) -> None:
         """Point input `slot` of `node` at `tensor`, padding with empty inputs up to it."""
         self._set_input(node, slot, tensor)
         if slot in _PARAM_SLOTS:
             self._params_changed(node)
 
-    def replace_uses(self, old: gs.Tensor, new: gs.Tensor) -> None:
+    def replace_uses(self, old: ir.Tensor, new: ir.Tensor) -> None:
         """Make every node that reads `old` read `new`; graph outputs stay, their names are the model's interface."""
         for consumer in list(old.outputs):
             for slot, tensor in enumerate(consumer.inputs):
                 if tensor is old:
                     self.set_input(consumer, slot, new)
 
-    def swap_params(self, node: gs.Node, scale: gs.Tensor, zero_point: gs.Tensor | None = None, **attrs: Any) -> None:
+    def swap_params(self, node: ir.Node, scale: ir.Tensor, zero_point: ir.Tensor | None = None, **attrs: Any) -> None:
         """Give a Q or DQ another scale, zero-point (kept when None) and attributes (None drops one), at once."""
         self._set_input(node, 1, scale)
         if zero_point is not None:
@@ -94,44 +94,44 @@ class EditLog:
             self._set_attr(node, name, value)
         self._params_changed(node)
 
-    def set_attr(self, node: gs.Node, name: str, value: Any) -> None:
+    def set_attr(self, node: ir.Node, name: str, value: Any) -> None:
         """Set attribute `name` of `node` (drop it when `value` is None)."""
         self._set_attr(node, name, value)
         self._params_changed(node)
 
-    def add_node(self, node: gs.Node) -> None:
+    def add_node(self, node: ir.Node) -> None:
         """Add a node built on the graph's tensors (building it linked it to them already)."""
         self.graph.nodes.append(node)
         self._record(EditRecord(ADD, node.name))
         self._params_changed(node)
 
-    def detach(self, node: gs.Node) -> None:
+    def detach(self, node: ir.Node) -> None:
         """Unlink a node from every tensor; the next tidy drops it."""
         node.inputs.clear()
         node.outputs.clear()
         self._record(EditRecord(DETACH, node.name))
 
-    def set_output(self, node: gs.Node, slot: int, tensor: gs.Tensor) -> None:
+    def set_output(self, node: ir.Node, slot: int, tensor: ir.Tensor) -> None:
         """Make `node` write `tensor` as output `slot`."""
         old = node.outputs[slot].name
         node.outputs[slot] = tensor
         self._record(EditRecord(OUTPUT, node.name, slot, old, tensor.name))
 
-    def set_values(self, constant: gs.Constant, values: Any) -> None:
+    def set_values(self, constant: ir.Constant, values: Any) -> None:
         """Replace a constant's values in place: every reader sees them, and the Q/DQs among them are re-read."""
         constant.values = values
         self._record(EditRecord(VALUES, None, None, constant.name, constant.name))
         for reader in _readers(constant):
             self._params_changed(reader)
 
-    def _set_input(self, node: gs.Node, slot: int, tensor: gs.Tensor) -> None:
+    def _set_input(self, node: ir.Node, slot: int, tensor: ir.Tensor) -> None:
         while len(node.inputs) <= slot:
-            node.inputs.append(gs.Variable.empty())
+            node.inputs.append(ir.Variable.empty())
         old = node.inputs[slot]
         node.inputs[slot] = tensor
         self._record(EditRecord(_input_kind(node, slot, old, tensor), node.name, slot, old.name or None, tensor.name))
 
-    def _set_attr(self, node: gs.Node, name: str, value: Any) -> None:
+    def _set_attr(self, node: ir.Node, name: str, value: Any) -> None:
         old = node.attrs.get(name)
         if value is None:
             node.attrs.pop(name, None)
@@ -140,7 +140,7 @@ class EditLog:
         if not _same_value(old, value):
             self._record(EditRecord(ATTRIBUTE, node.name, name, _text(old), _text(value)))
 
-    def _params_changed(self, node: gs.Node) -> None:
+    def _params_changed(self, node: ir.Node) -> None:
         if self.on_params is not None and _is_qdq(node):
             self.on_params(node)
 
@@ -149,14 +149,14 @@ class EditLog:
         self.structural = self.structural or record.kind in STRUCTURAL
 
 
-def _input_kind(node: gs.Node, slot: int, old: gs.Tensor, new: gs.Tensor) -> str:
+def _input_kind(node: ir.Node, slot: int, old: ir.Tensor, new: ir.Tensor) -> str:
     """A constant in place of a constant (or of an empty input) leaves the structure as it was."""
-    if not isinstance(new, gs.Constant) or (old.name and resolve_constant(old) is None):
+    if not isinstance(new, ir.Constant) or (old.name and resolve_constant(old) is None):
         return INPUT
     return PARAMS if slot in _PARAM_SLOTS and _is_qdq(node) else CONSTANT
 
 
-def _readers(tensor: gs.Tensor) -> list[gs.Node]:
+def _readers(tensor: ir.Tensor) -> list[ir.Node]:
     """The nodes reading a tensor, through the Identity and Cast nodes that pass a constant on."""
     found = []
     for node in tensor.outputs:
@@ -167,7 +167,7 @@ def _readers(tensor: gs.Tensor) -> list[gs.Node]:
     return found
 
 
-def _is_qdq(node: gs.Node) -> bool:
+def _is_qdq(node: ir.Node) -> bool:
     return node.op in QDQ_OPS and node.domain in QDQ_DOMAINS
 
 

@@ -1,24 +1,22 @@
-"""Drop the nodes no graph output needs, then order the rest topologically: gs's cleanup + toposort, faster.
+"""Drop the nodes no graph output needs, then order the rest topologically.
 
-`gs.Graph.cleanup().toposort()` took 5-8 s on a 100k-node graph (recursive level computation,
-node ids set and removed on every node), and the fix driver runs it after each rule that edits
-the graph. This does the same on flat graphs and gives the same node order: by depth, ties in
-the order a depth-first walk from the nodes in list order finishes them. Graphs with subgraphs
-or local functions still go through graphsurgeon.
+The fix driver runs this after each rule that edits the graph. The order is onnx-graphsurgeon's
+`cleanup().toposort()` order (tests/test_graph_layer.py compares them): by depth, ties in the
+order a depth-first walk from the nodes in list order finishes them. A node with subgraphs
+depends on what their nodes read from the enclosing graph. Fixes add no nodes inside a
+subgraph, so subgraphs are left as they are.
 """
 
 from __future__ import annotations
 
-import onnx_graphsurgeon as gs
+from typing import Iterator
 
+from qdq import ir
 from qdq.errors import QdqError
 
 
-def tidy(graph: gs.Graph) -> None:
-    """Remove unused nodes and sort the graph in place, as `graph.cleanup().toposort()` does."""
-    if graph.functions or any(_may_have_subgraph(node) for node in graph.nodes):
-        graph.cleanup().toposort()
-        return
+def tidy(graph: ir.Graph) -> None:
+    """Remove unused nodes and sort the graph in place."""
     for tensor in graph.inputs:  # a graph input has no producer inside the graph
         tensor.inputs.clear()
     used = _used_nodes(graph)
@@ -27,17 +25,20 @@ def tidy(graph: gs.Graph) -> None:
         if id(node) in used:
             kept.append(node)
         else:
-            node.inputs.clear()
-            node.outputs.clear()
+            _detach(node)
     graph.nodes = _by_depth(kept)
 
 
-def _may_have_subgraph(node: gs.Node) -> bool:
-    return any(isinstance(value, gs.Graph) or (isinstance(value, list) and any(isinstance(v, gs.Graph) for v in value))
-               for value in node.attrs.values())
+def _detach(node: ir.Node) -> None:
+    """Unlink a dropped node, and the nodes of its subgraphs, from every tensor."""
+    node.inputs.clear()
+    node.outputs.clear()
+    for subgraph in node.subgraphs():
+        for inner in subgraph.nodes:
+            _detach(inner)
 
 
-def _used_nodes(graph: gs.Graph) -> set[int]:
+def _used_nodes(graph: ir.Graph) -> set[int]:
     """The ids of the nodes some graph output depends on."""
     used: set[int] = set()
     seen = {t.name for t in graph.outputs}
@@ -48,18 +49,18 @@ def _used_nodes(graph: gs.Graph) -> set[int]:
             if id(producer) in used:
                 continue
             used.add(id(producer))
-            for source in producer.inputs:
+            for source in _reads(producer):
                 if source.name and source.name not in seen:
                     seen.add(source.name)
                     pending.append(source)
     return used
 
 
-def _by_depth(nodes: list[gs.Node]) -> list[gs.Node]:
+def _by_depth(nodes: list[ir.Node]) -> list[ir.Node]:
     """Nodes sorted by depth (1 + the deepest producer), stable in depth-first finishing order."""
     local = {id(node) for node in nodes}
     depth: dict[int, int] = {}
-    finished: list[gs.Node] = []
+    finished: list[ir.Node] = []
     for root in nodes:
         if id(root) in depth:
             continue
@@ -86,11 +87,19 @@ def _by_depth(nodes: list[gs.Node]) -> list[gs.Node]:
     return sorted(finished, key=lambda node: depth[id(node)])
 
 
-def _producers(node: gs.Node, local: set[int]) -> list[gs.Node]:
+def _producers(node: ir.Node, local: set[int]) -> list[ir.Node]:
     """The graph's nodes that make this node's inputs, each once, in input order."""
-    found: dict[int, gs.Node] = {}
-    for tensor in node.inputs:
+    found: dict[int, ir.Node] = {}
+    for tensor in _reads(node):
         for producer in tensor.inputs:
             if id(producer) in local:
                 found.setdefault(id(producer), producer)
     return list(found.values())
+
+
+def _reads(node: ir.Node) -> Iterator[ir.Tensor]:
+    """The tensors a node reads: its inputs, and whatever the nodes of its subgraphs read."""
+    yield from node.inputs
+    for subgraph in node.subgraphs():
+        for inner in subgraph.nodes:
+            yield from _reads(inner)

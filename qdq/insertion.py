@@ -15,9 +15,9 @@ from __future__ import annotations
 from typing import Iterable
 
 import numpy as np
-import onnx_graphsurgeon as gs
 from onnx import helper
 
+from qdq import ir
 from qdq.dtypes import quant_type
 from qdq.quant_index import DEQUANTIZE, QDQ_DOMAINS, QUANTIZE, resolve_constant
 from qdq.requantize import describe
@@ -25,7 +25,7 @@ from qdq.rounding import RoundingCost, along, quantize
 from qdq.rule import Change, CheckContext, FixContext
 
 
-def existing_quantize(tensor: gs.Tensor) -> gs.Node | None:
+def existing_quantize(tensor: ir.Tensor) -> ir.Node | None:
     """A per-tensor Q that already quantizes this tensor (one with DQ readers first), if any."""
     candidates = [
         n for n in tensor.outputs
@@ -36,23 +36,23 @@ def existing_quantize(tensor: gs.Tensor) -> gs.Node | None:
     return candidates[0] if candidates else None
 
 
-def read_through(ctx: FixContext, consumer: gs.Node, slot: int, quantize: gs.Node, code: str, reason: str) -> Change:
+def read_through(ctx: FixContext, consumer: ir.Node, slot: int, quantize: ir.Node, code: str, reason: str) -> Change:
     """Point input `slot` of `consumer` at a DQ of `quantize`'s output, creating the DQ if it has none."""
     tensor = consumer.inputs[slot]
     readers = _dequantizes_of(quantize)
     if readers:
         dequantize = readers[0]
     else:
-        out = gs.Variable(ctx.new_name(f"{tensor.name}_dequantized"), dtype=tensor.dtype, shape=tensor.shape)
+        out = ir.Variable(ctx.new_name(f"{tensor.name}_dequantized"), dtype=tensor.dtype, shape=tensor.shape)
         attrs = {"axis": quantize.attrs["axis"]} if "axis" in quantize.attrs else {}
-        dequantize = gs.Node(DEQUANTIZE, ctx.new_name(f"{tensor.name}_DequantizeLinear"), attrs=attrs,
+        dequantize = ir.Node(DEQUANTIZE, ctx.new_name(f"{tensor.name}_DequantizeLinear"), attrs=attrs,
                              inputs=[quantize.outputs[0], *quantize.inputs[1:]], outputs=[out])
         ctx.edits.add_node(dequantize)
     ctx.edits.set_input(consumer, slot, dequantize.outputs[0])
     return Change(code, consumer.name, tensor.name, "float", f"DQ({quantize.name})", reason)
 
 
-def quantize_hint(ctx: CheckContext, tensor: gs.Tensor, movers: Iterable[str] = ()) -> tuple[bool, str]:
+def quantize_hint(ctx: CheckContext, tensor: ir.Tensor, movers: Iterable[str] = ()) -> tuple[bool, str]:
     """Whether a float tensor can get a Q, and how (for a finding's message): its existing Q, the Q
     its values reach through `movers`, the calibration data, or none, in which case the fix needs data."""
     quantize = existing_quantize(tensor)
@@ -66,7 +66,7 @@ def quantize_hint(ctx: CheckContext, tensor: gs.Tensor, movers: Iterable[str] = 
     return False, "; no Q/DQ for it exists in the graph, so the scale needs data (run `qdq fix --calibrate FILE.npz` to measure it)"
 
 
-def quantize_for(ctx: FixContext, tensor: gs.Tensor, dtype: str, movers: Iterable[str] = ()) -> gs.Node | None:
+def quantize_for(ctx: FixContext, tensor: ir.Tensor, dtype: str, movers: Iterable[str] = ()) -> ir.Node | None:
     """The Q a float tensor should be read through: its existing one, else a new one with the grid of the
     Q its values reach through `movers`, else a new one from calibration data."""
     existing = existing_quantize(tensor)
@@ -78,7 +78,7 @@ def quantize_for(ctx: FixContext, tensor: gs.Tensor, dtype: str, movers: Iterabl
     return calibrated_quantize(ctx, tensor, dtype)
 
 
-def downstream_quantize(tensor: gs.Tensor, movers: Iterable[str]) -> gs.Node | None:
+def downstream_quantize(tensor: ir.Tensor, movers: Iterable[str]) -> ir.Node | None:
     """The per-tensor Q that alone reads what a chain of single-consumer `movers` makes of `tensor`.
 
     Those ops only move, repeat or select values (a Resize only in mode nearest), so quantizing
@@ -96,31 +96,31 @@ def downstream_quantize(tensor: gs.Tensor, movers: Iterable[str]) -> gs.Node | N
     return None
 
 
-def calibrated_quantize(ctx: FixContext, tensor: gs.Tensor, dtype: str) -> gs.Node | None:
+def calibrated_quantize(ctx: FixContext, tensor: ir.Tensor, dtype: str) -> ir.Node | None:
     """A new Q for `tensor` with a scale from its measured range (None without calibration data)."""
     if ctx.ranges is None or tensor.name not in ctx.ranges:
         return None
     low, high = ctx.ranges[tensor.name]
     scale, zero_point = range_params(low, high, dtype)
     return _new_quantize(ctx, tensor, [
-        gs.Constant(ctx.new_name(f"{tensor.name}_scale"), np.asarray(scale, dtype=float_type(tensor))),
-        gs.Constant(ctx.new_name(f"{tensor.name}_zero_point"), np.asarray(zero_point).astype(dtype)),
+        ir.Constant(ctx.new_name(f"{tensor.name}_scale"), np.asarray(scale, dtype=float_type(tensor))),
+        ir.Constant(ctx.new_name(f"{tensor.name}_zero_point"), np.asarray(zero_point).astype(dtype)),
     ], {}, np.dtype(dtype))
 
 
-def _new_quantize(ctx: FixContext, tensor: gs.Tensor, params: list[gs.Tensor], attrs: dict, dtype) -> gs.Node:
+def _new_quantize(ctx: FixContext, tensor: ir.Tensor, params: list[ir.Tensor], attrs: dict, dtype) -> ir.Node:
     """A Q of `tensor` with these scale and zero-point tensors (integers of `dtype`), added to the graph."""
-    out = gs.Variable(ctx.new_name(f"{tensor.name}_quantized"), dtype=dtype, shape=tensor.shape)
-    quantize = gs.Node(QUANTIZE, ctx.new_name(f"{tensor.name}_QuantizeLinear"), inputs=[tensor, *params],
+    out = ir.Variable(ctx.new_name(f"{tensor.name}_quantized"), dtype=dtype, shape=tensor.shape)
+    quantize = ir.Node(QUANTIZE, ctx.new_name(f"{tensor.name}_QuantizeLinear"), inputs=[tensor, *params],
                        outputs=[out], attrs=attrs)
     ctx.edits.add_node(quantize)
     return quantize
 
 
-def float_type(tensor: gs.Tensor) -> np.dtype:
+def float_type(tensor: ir.Tensor) -> np.dtype:
     """The float type of a tensor a new Q/DQ reads or replaces (its scale must have it); float32 if unknown."""
     try:
-        # np.dtype(None) is float64; graphsurgeon gives the ONNX enum for types numpy lacks (bfloat16).
+        # np.dtype(None) is float64; a tensor holds the ONNX enum for types numpy lacks (bfloat16, `ir.element_dtype`).
         dtype = np.dtype(tensor.dtype) if tensor.dtype is not None else None
     except TypeError:
         dtype = None
@@ -140,7 +140,7 @@ def range_params(low: float, high: float, dtype: str) -> tuple[float, int]:
     return scale, int(np.clip(np.rint(qtype.qmin - low / scale), qtype.qmin, qtype.qmax))
 
 
-def quantized_weight(ctx: FixContext, consumer: gs.Node, slot: int, axis: int, code: str) -> Change:
+def quantized_weight(ctx: FixContext, consumer: ir.Node, slot: int, axis: int, code: str) -> Change:
     """Replace a float constant weight by int8 per-channel integers (symmetric, max-abs) and a DQ."""
     weight = consumer.inputs[slot]
     scale_type = float_type(weight)  # the DQ gives the scale's type: a float16 model stays float16
@@ -158,40 +158,40 @@ def quantized_weight(ctx: FixContext, consumer: gs.Node, slot: int, axis: int, c
                   f"weight quantized from its own values, max-abs per output channel (SQNR {sqnr} dB)", cost)
 
 
-def read_dequantized(ctx: FixContext, consumer: gs.Node, slot: int, integers: np.ndarray, scale: np.ndarray,
+def read_dequantized(ctx: FixContext, consumer: ir.Node, slot: int, integers: np.ndarray, scale: np.ndarray,
                      axis: int) -> None:
     """Point input `slot` of `consumer` (a float constant) at a new DQ of `integers` (zero-point 0).
 
     `scale` has the constant's float type: 0-d (per tensor), or one element per index of `axis`.
     """
     constant = consumer.inputs[slot]
-    out = gs.Variable(ctx.new_name(f"{constant.name}_dequantized"), dtype=constant.dtype, shape=list(integers.shape))
-    dequantize = gs.Node(DEQUANTIZE, ctx.new_name(f"{constant.name}_DequantizeLinear"), attrs={"axis": axis}, inputs=[
+    out = ir.Variable(ctx.new_name(f"{constant.name}_dequantized"), dtype=constant.dtype, shape=list(integers.shape))
+    dequantize = ir.Node(DEQUANTIZE, ctx.new_name(f"{constant.name}_DequantizeLinear"), attrs={"axis": axis}, inputs=[
         ctx.model.new_constant(ctx.new_name(f"{constant.name}_quantized"), integers),
-        gs.Constant(ctx.new_name(f"{constant.name}_scale"), scale),
-        gs.Constant(ctx.new_name(f"{constant.name}_zero_point"), np.zeros(scale.shape, dtype=integers.dtype)),
+        ir.Constant(ctx.new_name(f"{constant.name}_scale"), scale),
+        ir.Constant(ctx.new_name(f"{constant.name}_zero_point"), np.zeros(scale.shape, dtype=integers.dtype)),
     ], outputs=[out])
     ctx.edits.add_node(dequantize)
     ctx.edits.set_input(consumer, slot, out)
 
 
-def describe_quantize(quantize: gs.Node) -> str:
+def describe_quantize(quantize: ir.Node) -> str:
     """`2^-5` or `0.0123 zp 3`, for a Q whose parameters are constants."""
     scale, zero_point = (_constant_values(t) for t in (list(quantize.inputs) + [None, None])[1:3])
     return describe(scale, zero_point if zero_point is not None else np.zeros(1)) if scale is not None else quantize.name
 
 
-def _per_tensor(quantize: gs.Node) -> bool:
+def _per_tensor(quantize: ir.Node) -> bool:
     scale = _constant_values(quantize.inputs[1]) if len(quantize.inputs) > 1 else None
     return scale is not None and scale.size == 1
 
 
-def _constant_values(tensor: gs.Tensor | None) -> np.ndarray | None:
+def _constant_values(tensor: ir.Tensor | None) -> np.ndarray | None:
     """A constant's values, also when a Constant node or an Identity/Cast chain holds it (PyTorch's
     convert_fx writes Q parameters so, until QDQ2xx turns them into initializers)."""
     source = resolve_constant(tensor) if tensor is not None else None
     return np.asarray(source.constant.values) if source is not None else None
 
 
-def _dequantizes_of(quantize: gs.Node) -> list[gs.Node]:
+def _dequantizes_of(quantize: ir.Node) -> list[ir.Node]:
     return [n for n in quantize.outputs[0].outputs if n.op == DEQUANTIZE and n.domain in QDQ_DOMAINS]

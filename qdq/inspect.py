@@ -29,10 +29,9 @@ from collections import Counter
 from typing import Any
 
 import numpy as np
-import onnx_graphsurgeon as gs
 from onnx import TensorProto, helper
 
-from qdq import pow2
+from qdq import ir, pow2
 from qdq.dtypes import type_name
 from qdq.lint import LintResult
 from qdq.model import Model
@@ -107,11 +106,11 @@ class _ElementTypes:
     def __init__(self) -> None:
         self._known: dict[int, int | None] = {}
 
-    def is_float(self, tensor: gs.Tensor) -> bool:
+    def is_float(self, tensor: ir.Tensor) -> bool:
         elem_type = self.of(tensor)
         return elem_type is None or elem_type in _FLOAT_TYPES
 
-    def of(self, tensor: gs.Tensor) -> int | None:
+    def of(self, tensor: ir.Tensor) -> int | None:
         # Walk a chain of same-type ops iteratively (float chains can be thousands long) and
         # remember the answer for every tensor on the way.
         path: list[int] = []
@@ -131,11 +130,11 @@ class _ElementTypes:
         return found
 
 
-def _direct_type(tensor: gs.Tensor) -> int | None:
+def _direct_type(tensor: ir.Tensor) -> int | None:
     """The element type when the tensor itself or its producer says it."""
-    if isinstance(tensor, gs.Constant):
+    if isinstance(tensor, ir.Constant):
         return onnx_type_of(tensor)
-    # graphsurgeon gives a numpy dtype, or the ONNX enum for types numpy lacks (bfloat16, float8).
+    # A tensor holds a numpy dtype, or the ONNX enum for types numpy lacks (bfloat16, float8: `ir.element_dtype`).
     dtype = tensor.dtype
     if isinstance(dtype, int):
         if dtype != TensorProto.UNDEFINED:
@@ -162,7 +161,7 @@ def _direct_type(tensor: gs.Tensor) -> int | None:
     return None
 
 
-def _classify(index: QuantIndex, types: _ElementTypes, node: gs.Node) -> str:
+def _classify(index: QuantIndex, types: _ElementTypes, node: ir.Node) -> str:
     """quantized, partial, float or integer-only; see the module docstring."""
     nq = index.node_quant(node)
     geometry = _GEOMETRY_INPUTS.get(node.op, set())
@@ -184,7 +183,7 @@ def _classify(index: QuantIndex, types: _ElementTypes, node: gs.Node) -> str:
     return PARTIAL if any(flags) else FLOAT
 
 
-def _op_counts(nodes: list[gs.Node], kinds: dict[int, str]) -> dict[str, dict[str, int]]:
+def _op_counts(nodes: list[ir.Node], kinds: dict[int, str]) -> dict[str, dict[str, int]]:
     counts: dict[str, dict[str, int]] = {}
     for node in nodes:
         row = counts.setdefault(node.op, {QUANTIZED: 0, PARTIAL: 0, FLOAT: 0})
@@ -193,7 +192,7 @@ def _op_counts(nodes: list[gs.Node], kinds: dict[int, str]) -> dict[str, dict[st
 
 
 def _float_islands(
-    index: QuantIndex, all_nodes: list[gs.Node], counted: list[gs.Node], kinds: dict[int, str]
+    index: QuantIndex, all_nodes: list[ir.Node], counted: list[ir.Node], kinds: dict[int, str]
 ) -> list[dict[str, Any]]:
     """Connected groups of non-quantized compute nodes, joined by tensors (through pass-throughs)."""
     order = {id(node): position for position, node in enumerate(all_nodes)}
@@ -212,7 +211,7 @@ def _float_islands(
                 if id(consumer) in members:
                     parent[root(id(consumer))] = root(id(node))
 
-    groups: dict[int, list[gs.Node]] = {}
+    groups: dict[int, list[ir.Node]] = {}
     for key, node in members.items():
         groups.setdefault(root(key), []).append(node)
     # Largest first; equal sizes in graph order.
@@ -223,7 +222,7 @@ def _float_islands(
     return [_island(nodes, order) for nodes in ordered]
 
 
-def _island(nodes: list[gs.Node], order: dict[int, int]) -> dict[str, Any]:
+def _island(nodes: list[ir.Node], order: dict[int, int]) -> dict[str, Any]:
     names = [node.name or f"<{node.op} #{order[id(node)]}>" for node in nodes]
     return {
         "size": len(nodes),

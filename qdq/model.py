@@ -19,11 +19,10 @@ from typing import Callable, Iterator
 
 import numpy as np
 import onnx
-import onnx_graphsurgeon as gs
 from google.protobuf.message import DecodeError
 from onnx import TensorProto, numpy_helper
 
-from qdq import progress
+from qdq import ir, progress
 from qdq.errors import InvalidOutputError, ModelLoadError, OutputError
 from qdq.files import atomic_write_bytes, check_writable, same_file
 from qdq.graph_export import export_model
@@ -58,9 +57,9 @@ _RAW_DTYPES = {
 
 @dataclass
 class Model:
-    """An ONNX model as qdq works on it: a graphsurgeon graph plus where it came from."""
+    """An ONNX model as qdq works on it: its graph (`qdq.ir`) plus where it came from."""
 
-    graph: gs.Graph
+    graph: ir.Graph
     path: Path
     opset: int
     proto: onnx.ModelProto = field(repr=False)
@@ -87,12 +86,11 @@ class Model:
         """The data files the input's external tensors point at, from one walk over its tensors."""
         return _external_files(self.proto, self.base_dir)
 
-    def constant_values(self, tensor: gs.Constant) -> np.ndarray:
+    def constant_values(self, tensor: ir.Constant) -> np.ndarray:
         """The values of a constant, reading external data relative to the model, not the cwd."""
-        lazy = tensor._values
-        if not isinstance(lazy, gs.ir.tensor.LazyValues):
-            return np.asarray(lazy)
-        proto = lazy.tensor
+        proto = tensor.proto
+        if not isinstance(proto, TensorProto):
+            return np.asarray(tensor.values)
         dtype = _RAW_DTYPES.get(proto.data_type)
         if dtype is None:
             return numpy_helper.to_array(proto, base_dir=str(self.base_dir))
@@ -120,7 +118,7 @@ class Model:
             raise ModelLoadError(f"{self.path}: tensor {proto.name!r} holds {size} bytes, "
                                  f"not the {expected} its shape {list(proto.dims)} needs")
 
-    def new_constant(self, name: str, values: np.ndarray) -> gs.Constant:
+    def new_constant(self, name: str, values: np.ndarray) -> ir.Constant:
         """A constant holding values a fix computed (a re-quantized or folded weight).
 
         In a model with external data, large values go straight to a scratch data file
@@ -129,7 +127,7 @@ class Model:
         """
         values = np.asarray(values)
         if not self.uses_external_data or values.nbytes <= _EXTERNAL_THRESHOLD_BYTES or values.dtype not in _RAW_DTYPES.values():
-            return gs.Constant(name, values)
+            return ir.Constant(name, values)
         if self._spill is None:
             self._spill = Spill(self.path.stem)
         return self._spill.constant(name, values)
@@ -222,7 +220,7 @@ def to_proto(model: Model) -> onnx.ModelProto:
         return export_model(model.graph, model.proto)
 
 
-def _settle_element_types(graph: gs.Graph) -> None:
+def _settle_element_types(graph: ir.Graph) -> None:
     """Give each Q/DQ output the element type its parameters now imply.
 
     A fix that moves a Q from uint8 to int8 changes its zero-point; the output tensor would keep

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import onnx_graphsurgeon as gs
+from qdq import ir
 
 
 class Names:
@@ -12,7 +12,7 @@ class Names:
     re-quantized weight as the model did, however often a run moves it.
     """
 
-    def __init__(self, graph: gs.Graph):
+    def __init__(self, graph: ir.Graph):
         self._taken = set(graph.tensors())
         self._replaces: dict[str, str] = {}
 

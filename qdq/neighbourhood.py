@@ -15,8 +15,7 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass
 
-import onnx_graphsurgeon as gs
-
+from qdq import ir
 from qdq.model import Model
 from qdq.quant_index import QuantIndex
 from qdq.rule import Finding
@@ -55,7 +54,7 @@ def attach(model: Model, findings: list[Finding]) -> None:
         finding.neighbourhood = drawn
 
 
-def _centre(finding: Finding, by_name: dict[str, gs.Node], tensors: dict[str, gs.Tensor]) -> gs.Node | None:
+def _centre(finding: Finding, by_name: dict[str, ir.Node], tensors: dict[str, ir.Tensor]) -> ir.Node | None:
     """The finding's node, else the producer (or first consumer) of its first tensor in the graph."""
     if finding.node in by_name:
         return by_name[finding.node]
@@ -67,13 +66,13 @@ def _centre(finding: Finding, by_name: dict[str, gs.Node], tensors: dict[str, gs
 
 
 class _Graph:
-    """A model's Q/DQ index, with its Q/DQ nodes as a set (membership by identity, not gs.Node equality)."""
+    """A model's Q/DQ index, with its Q/DQ nodes as a set (membership by identity, not ir.Node equality)."""
 
     def __init__(self, index: QuantIndex):
         self.index = index
         self.qdq = {id(node) for node in index.quantizes + index.dequantizes}
 
-    def around(self, centre: gs.Node | None, marked: tuple[str, ...] = ()) -> Neighbourhood | None:
+    def around(self, centre: ir.Node | None, marked: tuple[str, ...] = ()) -> Neighbourhood | None:
         """The nodes within HOPS compute hops of `centre`, upstream and downstream, and the tensors between them."""
         if centre is None:
             return None
@@ -86,7 +85,7 @@ class _Graph:
                  for n in kept.values() for tensor in n.outputs for consumer in tensor.outputs if id(consumer) in kept]
         return Neighbourhood(nodes, edges, tuple(marked))
 
-    def _walk(self, centre: gs.Node, upstream: bool, kept: dict[int, gs.Node]) -> None:
+    def _walk(self, centre: ir.Node, upstream: bool, kept: dict[int, ir.Node]) -> None:
         """Breadth first in one direction; Q/DQ and pass-through nodes cost no hop, so they go first."""
         queue = deque([(centre, 0)])
         while queue and len(kept) < MAX_NODES:
@@ -101,11 +100,11 @@ class _Graph:
                     kept[id(other)] = other
                     (queue.appendleft if cost == 0 else queue.append)((other, hops + cost))
 
-    def _is_constant_dq(self, node: gs.Node) -> bool:
+    def _is_constant_dq(self, node: ir.Node) -> bool:
         return id(node) in self.qdq and node.op != "QuantizeLinear" and bool(node.inputs) \
-            and isinstance(node.inputs[0], gs.Constant)
+            and isinstance(node.inputs[0], ir.Constant)
 
-    def _params(self, node: gs.Node) -> str | None:
+    def _params(self, node: ir.Node) -> str | None:
         """`scale 0.0175735 zp 16`, `per-channel (64)`, or `set at run time` for a Q/DQ; None otherwise."""
         if id(node) not in self.qdq:
             return None

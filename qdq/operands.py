@@ -11,9 +11,7 @@ from __future__ import annotations
 import math
 from typing import Iterable
 
-import onnx_graphsurgeon as gs
-
-from qdq import pow2
+from qdq import ir, pow2
 from qdq.quant_index import PER_TENSOR, QuantIndex, QTensor
 
 # Which inputs of an op hold its weight and bias (ONNX semantics, not target knowledge).
@@ -23,7 +21,7 @@ BIAS_INPUT = {"Conv": 2, "ConvTranspose": 2, "Gemm": 2}
 ACTIVATION, WEIGHT, BIAS = "activation", "weight", "bias"
 
 
-def input_value(index: QuantIndex, node: gs.Node, i: int) -> QTensor | None:
+def input_value(index: QuantIndex, node: ir.Node, i: int) -> QTensor | None:
     """The quantized value input `i` of a node is dequantized from, if any."""
     if i >= len(node.inputs) or node.inputs[i] is None or node.inputs[i].name == "":
         return None
@@ -33,7 +31,7 @@ def input_value(index: QuantIndex, node: gs.Node, i: int) -> QTensor | None:
 
 
 def output_value(
-    index: QuantIndex, node: gs.Node, through: Iterable[str] = (), through_mul: Iterable[str] = ()
+    index: QuantIndex, node: ir.Node, through: Iterable[str] = (), through_mul: Iterable[str] = ()
 ) -> QTensor | None:
     """The quantized value of a node's first output: the Q reading it, or one step further down.
 
@@ -77,7 +75,7 @@ def _role(index: QuantIndex, qt: QTensor) -> str:
     return ACTIVATION
 
 
-def _reaches(tensor: gs.Tensor | None, source: gs.Tensor) -> bool:
+def _reaches(tensor: ir.Tensor | None, source: ir.Tensor) -> bool:
     """True when `tensor` is `source` or is made from it by Identity/Cast only."""
     while tensor is not None:
         if tensor is source:
@@ -107,7 +105,7 @@ def pos_of(index: QuantIndex, qt: QTensor | None) -> int | None:
     return pow2.exact_pos(scale) if scale is not None else None
 
 
-def output_channel_axis(node: gs.Node, weight_rank: int) -> int:
+def output_channel_axis(node: ir.Node, weight_rank: int) -> int:
     """The axis of a weight that indexes the op's output channels, where per-channel scales belong.
 
     Conv weights are [Cout, Cin/g, k...]; ConvTranspose [Cin, Cout/g, k...]; Gemm's B is [K, N]

@@ -12,9 +12,10 @@ from dataclasses import dataclass, field
 from typing import Iterable
 
 import numpy as np
-import onnx_graphsurgeon as gs
+import onnx
 from onnx import TensorProto, helper
 
+from qdq import ir
 from qdq.dtypes import QuantType, quant_type
 from qdq.model import Model
 from qdq.ops import DEQUANTIZE, QDQ_DOMAINS, QDQ_OPS, QUANTIZE  # noqa: F401 - re-exported for the rules
@@ -52,8 +53,8 @@ BLOCKED = "blocked"
 class ConstantSource:
     """A constant that a Q/DQ parameter resolves to, and the pass-through nodes on the way."""
 
-    constant: gs.Constant
-    via: list[gs.Node] = field(default_factory=list)
+    constant: ir.Constant
+    via: list[ir.Node] = field(default_factory=list)
 
     @cached_property
     def cast_to(self) -> int | None:
@@ -73,7 +74,7 @@ class ConstantSource:
         return self.cast_to or onnx_type_of(self.constant)
 
     @property
-    def origin(self) -> gs.Constant | gs.Node:
+    def origin(self) -> ir.Constant | ir.Node:
         """What identifies the stored value: the initializer, or the Constant node that holds it."""
         if self.via and self.via[-1].op == "Constant":
             return self.via[-1]
@@ -84,9 +85,9 @@ class ConstantSource:
 class QParams:
     """The quantization parameters one Q or DQ node uses, with their constants resolved."""
 
-    node: gs.Node
-    scale_input: gs.Tensor
-    zero_point_input: gs.Tensor | None
+    node: ir.Node
+    scale_input: ir.Tensor
+    zero_point_input: ir.Tensor | None
     scale_source: ConstantSource | None
     zero_point_source: ConstantSource | None
     axis: int
@@ -201,13 +202,13 @@ class QParams:
 class QTensor:
     """One quantized value: the integer tensor, the Q that makes it (if any) and the DQs that read it."""
 
-    integer: gs.Tensor
-    quantize: gs.Node | None
-    dequantizes: list[gs.Node]
-    float_input: gs.Tensor | None
+    integer: ir.Tensor
+    quantize: ir.Node | None
+    dequantizes: list[ir.Node]
+    float_input: ir.Tensor | None
 
     @property
-    def nodes(self) -> list[gs.Node]:
+    def nodes(self) -> list[ir.Node]:
         """The Q (if any) and every DQ: the nodes that must agree on this value's parameters."""
         return ([self.quantize] if self.quantize is not None else []) + self.dequantizes
 
@@ -228,7 +229,7 @@ class QTensor:
 class NodeQuant:
     """A compute op seen through its Q/DQ: the params each input was dequantized with, and each output's Qs."""
 
-    node: gs.Node
+    node: ir.Node
     inputs: list[QParams | None]
     outputs: list[list[QParams]]
 
@@ -243,8 +244,8 @@ class QuantIndex:
     def __init__(self, model: Model):
         self.model = model
         self.graph = model.graph
-        self.quantizes: list[gs.Node] = []
-        self.dequantizes: list[gs.Node] = []
+        self.quantizes: list[ir.Node] = []
+        self.dequantizes: list[ir.Node] = []
         self._params: dict[int, QParams] = {}
         for node in self.graph.nodes:
             if node.op in QDQ_OPS and node.domain in QDQ_DOMAINS:
@@ -261,7 +262,7 @@ class QuantIndex:
     def has_qdq(self) -> bool:
         return bool(self._params)
 
-    def params(self, node: gs.Node) -> QParams:
+    def params(self, node: ir.Node) -> QParams:
         """The QParams of a Q or DQ node."""
         return self._params[id(node)]
 
@@ -270,16 +271,16 @@ class QuantIndex:
 
     # --- walking through exporter pass-throughs -------------------------------------------
 
-    def is_noop_cast(self, node: gs.Node) -> bool:
+    def is_noop_cast(self, node: ir.Node) -> bool:
         """A Cast to the type its input already has (exporters put these between Q and DQ)."""
         if node.op != "Cast" or not node.inputs:
             return False
         return _elem_type_of(self, node.inputs[0]) == node.attrs.get("to")
 
-    def is_pass_through(self, node: gs.Node) -> bool:
+    def is_pass_through(self, node: ir.Node) -> bool:
         return node.op == "Identity" or self.is_noop_cast(node)
 
-    def dequantize_feeding(self, tensor: gs.Tensor) -> gs.Node | None:
+    def dequantize_feeding(self, tensor: ir.Tensor) -> ir.Node | None:
         """The DQ whose output reaches this tensor, looking back through pass-through nodes."""
         while len(tensor.inputs) == 1:
             producer = tensor.inputs[0]
@@ -290,10 +291,10 @@ class QuantIndex:
             tensor = producer.inputs[0]
         return None
 
-    def consumers_through(self, tensor: gs.Tensor) -> list[tuple[gs.Node, list[gs.Node]]]:
+    def consumers_through(self, tensor: ir.Tensor) -> list[tuple[ir.Node, list[ir.Node]]]:
         """Each real consumer of a tensor with the pass-through nodes passed on the way."""
-        found: list[tuple[gs.Node, list[gs.Node]]] = []
-        stack: list[tuple[gs.Tensor, list[gs.Node]]] = [(tensor, [])]
+        found: list[tuple[ir.Node, list[ir.Node]]] = []
+        stack: list[tuple[ir.Tensor, list[ir.Node]]] = [(tensor, [])]
         while stack:
             current, via = stack.pop()
             for consumer in current.outputs:
@@ -303,26 +304,26 @@ class QuantIndex:
                     found.append((consumer, via))
         return found
 
-    def quantizes_of(self, tensor: gs.Tensor) -> list[gs.Node]:
+    def quantizes_of(self, tensor: ir.Tensor) -> list[ir.Node]:
         """The Q nodes that quantize this float tensor."""
         return [n for n in tensor.outputs if self._is_indexed(n, QUANTIZE) and n.inputs and n.inputs[0] is tensor]
 
-    def qtensor_of(self, node: gs.Node) -> QTensor | None:
+    def qtensor_of(self, node: ir.Node) -> QTensor | None:
         """The quantized value a Q or DQ node belongs to."""
         return self._qtensor_by_node.get(id(node))
 
-    def refresh(self, node: gs.Node) -> None:
+    def refresh(self, node: ir.Node) -> None:
         """Re-read one Q/DQ node's parameters after a fix swapped its scale or zero-point constant."""
         params = self._params[id(node)] = self._read_params(node)
         self.table.replace(params)
 
-    def _is_indexed(self, node: gs.Node, op: str) -> bool:
+    def _is_indexed(self, node: ir.Node, op: str) -> bool:
         return node.op == op and id(node) in self._params
 
-    def is_graph_output(self, tensor: gs.Tensor) -> bool:
+    def is_graph_output(self, tensor: ir.Tensor) -> bool:
         return id(tensor) in self.graph_outputs
 
-    def is_interface(self, tensor: gs.Tensor) -> bool:
+    def is_interface(self, tensor: ir.Tensor) -> bool:
         """A graph input or output: integers there are exchanged with the caller, on the grid they have."""
         return id(tensor) in self.graph_outputs or id(tensor) in self.graph_inputs
 
@@ -360,7 +361,7 @@ class QuantIndex:
                 found[id(node)] = qt
         return found
 
-    def node_quant(self, node: gs.Node) -> NodeQuant:
+    def node_quant(self, node: ir.Node) -> NodeQuant:
         """Which params each input of a compute op was dequantized with, and which Qs read each output."""
         inputs: list[QParams | None] = []
         for tensor in node.inputs:
@@ -372,7 +373,7 @@ class QuantIndex:
             outputs.append([self.params(q) for q in qs])
         return NodeQuant(node, inputs, outputs)
 
-    def compute_nodes(self) -> list[gs.Node]:
+    def compute_nodes(self) -> list[ir.Node]:
         """Every node that is neither a Q/DQ nor an exporter pass-through or Constant."""
         return [
             n
@@ -382,7 +383,7 @@ class QuantIndex:
 
     # --- construction --------------------------------------------------------------------------
 
-    def _read_params(self, node: gs.Node) -> QParams:
+    def _read_params(self, node: ir.Node) -> QParams:
         inputs = list(node.inputs) + [None] * 3
         scale_input, zero_point_input = inputs[1], inputs[2]
         if zero_point_input is not None and _is_empty_input(zero_point_input):
@@ -402,7 +403,7 @@ class QuantIndex:
         )
 
     def _quantized_type(
-        self, node: gs.Node, zero_point_input: gs.Tensor | None, zp_source: ConstantSource | None
+        self, node: ir.Node, zero_point_input: ir.Tensor | None, zp_source: ConstantSource | None
     ) -> int:
         """The integer type of a Q's output or a DQ's input, following the spec's defaulting."""
         if zp_source is not None:
@@ -416,18 +417,18 @@ class QuantIndex:
         known = _elem_type_of(self, source) if source is not None else None
         return known or TensorProto.UINT8
 
-    def _integer_origin(self, tensor: gs.Tensor) -> gs.Tensor | None:
+    def _integer_origin(self, tensor: ir.Tensor) -> ir.Tensor | None:
         """Follow a DQ's input back through pass-through nodes to a Q output, if it came from one."""
         while len(tensor.inputs) == 1 and self.is_pass_through(tensor.inputs[0]) and tensor.inputs[0].inputs:
             tensor = tensor.inputs[0].inputs[0]
         return tensor
 
 
-def resolve_constant(tensor: gs.Tensor) -> ConstantSource | None:
+def resolve_constant(tensor: ir.Tensor) -> ConstantSource | None:
     """The constant behind a tensor, through Constant nodes, Identity and Cast; None if computed."""
-    via: list[gs.Node] = []
+    via: list[ir.Node] = []
     while True:
-        if isinstance(tensor, gs.Constant):
+        if isinstance(tensor, ir.Constant):
             return ConstantSource(tensor, via)
         if len(tensor.inputs) != 1:
             return None
@@ -442,13 +443,13 @@ def resolve_constant(tensor: gs.Tensor) -> ConstantSource | None:
         return None
 
 
-def _constant_node_value(node: gs.Node) -> gs.Constant | None:
+def _constant_node_value(node: ir.Node) -> ir.Constant | None:
     value = node.attrs.get("value")
-    if isinstance(value, gs.Constant):
+    if isinstance(value, ir.Constant):
         return value
     for key, dtype in (("value_float", np.float32), ("value_floats", np.float32), ("value_int", np.int64), ("value_ints", np.int64)):
         if key in node.attrs:
-            return gs.Constant(node.outputs[0].name + "_value", np.asarray(node.attrs[key], dtype=dtype))
+            return ir.Constant(node.outputs[0].name + "_value", np.asarray(node.attrs[key], dtype=dtype))
     return None
 
 
@@ -463,16 +464,16 @@ def source_values(model: Model, source: ConstantSource) -> np.ndarray:
     return np.asarray(values)
 
 
-def onnx_type_of(constant: gs.Constant) -> int:
-    lazy = constant._values
-    if isinstance(lazy, gs.ir.tensor.LazyValues):
-        return int(lazy.tensor.data_type)
-    return helper.np_dtype_to_tensor_dtype(np.asarray(lazy).dtype)
+def onnx_type_of(constant: ir.Constant) -> int:
+    proto = constant.proto
+    if proto is not None:
+        return int((proto.values if isinstance(proto, onnx.SparseTensorProto) else proto).data_type)
+    return helper.np_dtype_to_tensor_dtype(np.asarray(constant.values).dtype)
 
 
-def _elem_type_of(index: QuantIndex, tensor: gs.Tensor) -> int | None:
+def _elem_type_of(index: QuantIndex, tensor: ir.Tensor) -> int | None:
     """The ONNX element type of a tensor when it is known without running inference."""
-    if isinstance(tensor, gs.Constant):
+    if isinstance(tensor, ir.Constant):
         return onnx_type_of(tensor)
     if len(tensor.inputs) == 1:
         producer = tensor.inputs[0]
@@ -509,11 +510,11 @@ def _dequantized_type(params: QParams) -> int | None:
     return source.elem_type
 
 
-def _is_empty_input(tensor: gs.Tensor) -> bool:
-    return tensor.name == "" and not isinstance(tensor, gs.Constant)
+def _is_empty_input(tensor: ir.Tensor) -> bool:
+    return tensor.name == "" and not isinstance(tensor, ir.Constant)
 
 
-def _origin_of(source: ConstantSource | None) -> gs.Constant | gs.Node | None:
+def _origin_of(source: ConstantSource | None) -> ir.Constant | ir.Node | None:
     return source.origin if source is not None else None
 
 

@@ -23,10 +23,9 @@ import math
 from typing import Callable, Iterator
 
 import numpy as np
-import onnx_graphsurgeon as gs
 from onnx import helper
 
-from qdq import pow2
+from qdq import ir, pow2
 from qdq.dtypes import QuantType, quant_type
 from qdq.quant_index import QParams, QTensor, resolve_constant, source_values
 from qdq.rounding import RoundingCost, along, cost_sentence, quantize
@@ -83,10 +82,10 @@ def set_params(
         log.warning("%s: scale %s is not representable as %s; left unchanged", name, describe(new_scale, new_zp),
                     stored_scale.dtype)
         return []
-    scale_const = gs.Constant(ctx.new_name(f"{name}_scale"), stored_scale)
+    scale_const = ir.Constant(ctx.new_name(f"{name}_scale"), stored_scale)
     zp_const = None
     if first.zero_point_input is not None or np.any(new_zp != 0) or new_type != first.elem_type:
-        zp_const = gs.Constant(ctx.new_name(f"{name}_zero_point"), new_zp.astype(_np_type(new_type)))
+        zp_const = ir.Constant(ctx.new_name(f"{name}_zero_point"), new_zp.astype(_np_type(new_type)))
     values: dict = {}
     if integers is not None:
         values = _write_integers(ctx, qt, integers, new_scale, new_zp, new_axis, new_type)

@@ -12,8 +12,7 @@ from dataclasses import dataclass, field
 from enum import Enum, IntEnum
 from typing import Any, ClassVar, Iterable
 
-import onnx_graphsurgeon as gs
-
+from qdq import ir
 from qdq.edits import EditLog
 from qdq.model import Model
 from qdq.names import Names
@@ -118,7 +117,7 @@ class CheckContext:
     ranges: dict[str, tuple[float, float]] | None = None
 
     @property
-    def graph(self) -> gs.Graph:
+    def graph(self) -> ir.Graph:
         return self.model.graph
 
     def value_name(self, qt: QTensor) -> str:
@@ -196,8 +195,8 @@ class Rule:
     def finding(
         self,
         ctx: CheckContext,
-        node: gs.Node | None,
-        tensors: Iterable[gs.Tensor | str | None] = (),
+        node: ir.Node | None,
+        tensors: Iterable[ir.Tensor | str | None] = (),
         subject: Any = None,
         fixable: bool = True,
         **values: Any,

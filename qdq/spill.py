@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 from onnx import TensorProto, helper
 
-from qdq.graph_import import StoredConstant
+from qdq import ir
 
 
 class Spill:
@@ -26,7 +26,7 @@ class Spill:
         self.path = Path(self._folder.name) / f"{stem}.data"
         self._size = 0
 
-    def constant(self, name: str, values: np.ndarray) -> StoredConstant:
+    def constant(self, name: str, values: np.ndarray) -> ir.Constant:
         """A graph constant whose values live in the scratch file, read back only when asked for."""
         values = np.ascontiguousarray(values)
         proto = TensorProto(name=name, data_type=helper.np_dtype_to_tensor_dtype(values.dtype), dims=values.shape)
@@ -37,4 +37,4 @@ class Spill:
             entry.key, entry.value = key, value
         proto.data_location = TensorProto.EXTERNAL
         self._size += values.nbytes
-        return StoredConstant(proto)
+        return ir.Constant.stored(proto)

@@ -6,10 +6,10 @@ from __future__ import annotations
 from collections import Counter, defaultdict
 
 import numpy as np
-import onnx_graphsurgeon as gs
 import pytest
 from test_conformance import ENTRIES, TARGETS, Entry
 
+from qdq import ir
 from qdq.edits import ADD, ATTRIBUTE, CONSTANT, DETACH, INPUT, OUTPUT, PARAMS, VALUES, EditLog, EditRecord
 from qdq.errors import QdqError
 from qdq.fix import fix
@@ -17,33 +17,33 @@ from qdq.model import load_model
 from qdq.ruleset import load_target
 
 
-def _graph() -> tuple[gs.Graph, dict]:
+def _graph() -> tuple[ir.Graph, dict]:
     """x → Q(s, zp) → DQ(s, zp) → Relu → y, with a spare constant and a spare float tensor to rewire to."""
-    x = gs.Variable("x", np.float32, [1, 4])
-    s, zp = gs.Constant("s", np.array(0.5, np.float32)), gs.Constant("zp", np.array(0, np.int8))
-    s_via = gs.Variable("s_via", np.float32, [])  # the scale through an Identity, as PyTorch exports it
-    q_out, dq_out, y = gs.Variable("q_out", np.int8, [1, 4]), gs.Variable("dq_out", np.float32, [1, 4]), \
-        gs.Variable("y", np.float32, [1, 4])
+    x = ir.Variable("x", np.float32, [1, 4])
+    s, zp = ir.Constant("s", np.array(0.5, np.float32)), ir.Constant("zp", np.array(0, np.int8))
+    s_via = ir.Variable("s_via", np.float32, [])  # the scale through an Identity, as PyTorch exports it
+    q_out, dq_out, y = ir.Variable("q_out", np.int8, [1, 4]), ir.Variable("dq_out", np.float32, [1, 4]), \
+        ir.Variable("y", np.float32, [1, 4])
     nodes = {
-        "identity": gs.Node("Identity", "identity", inputs=[s], outputs=[s_via]),
-        "q": gs.Node("QuantizeLinear", "q", inputs=[x, s_via, zp], outputs=[q_out]),
-        "dq": gs.Node("DequantizeLinear", "dq", inputs=[q_out, s, zp], outputs=[dq_out], attrs={"axis": 1}),
-        "relu": gs.Node("Relu", "relu", inputs=[dq_out], outputs=[y]),
+        "identity": ir.Node("Identity", "identity", inputs=[s], outputs=[s_via]),
+        "q": ir.Node("QuantizeLinear", "q", inputs=[x, s_via, zp], outputs=[q_out]),
+        "dq": ir.Node("DequantizeLinear", "dq", inputs=[q_out, s, zp], outputs=[dq_out], attrs={"axis": 1}),
+        "relu": ir.Node("Relu", "relu", inputs=[dq_out], outputs=[y]),
     }
-    graph = gs.Graph(nodes=list(nodes.values()), inputs=[x], outputs=[y])
+    graph = ir.Graph(nodes=list(nodes.values()), inputs=[x], outputs=[y])
     tensors = {"x": x, "s": s, "zp": zp, "s_via": s_via, "q_out": q_out, "dq_out": dq_out, "y": y,
-               "s2": gs.Constant("s2", np.array(0.25, np.float32)), "z": gs.Variable("z", np.float32, [1, 4])}
+               "s2": ir.Constant("s2", np.array(0.25, np.float32)), "z": ir.Variable("z", np.float32, [1, 4])}
     return graph, {**nodes, **tensors}
 
 
-def _wiring(graph: gs.Graph, parts: dict) -> dict:
+def _wiring(graph: ir.Graph, parts: dict) -> dict:
     """Every link both ways (node → tensors, tensor → producers and consumers), attributes and node list."""
     return {
         "nodes": [n.name for n in graph.nodes],
         "node": {n: ([t.name for t in node.inputs], [t.name for t in node.outputs], dict(node.attrs))
-                 for n, node in parts.items() if isinstance(node, gs.Node)},
+                 for n, node in parts.items() if isinstance(node, ir.Node)},
         "tensor": {n: ([p.name for p in t.inputs], [c.name for c in t.outputs])
-                   for n, t in parts.items() if isinstance(t, gs.Tensor)},
+                   for n, t in parts.items() if isinstance(t, ir.Tensor)},
     }
 
 
@@ -73,7 +73,7 @@ def test_set_input_rewires_and_records_the_tensors():
 
 def test_set_input_pads_with_empty_inputs():
     def raw(graph, p):
-        p["relu"].inputs.extend([gs.Variable.empty(), gs.Variable.empty()])
+        p["relu"].inputs.extend([ir.Variable.empty(), ir.Variable.empty()])
         p["relu"].inputs[2] = p["s2"]
 
     log, _ = _same_as_graphsurgeon(lambda log, p: log.set_input(p["relu"], 2, p["s2"]), raw)
@@ -92,7 +92,7 @@ def test_replace_uses_leaves_graph_outputs_alone():
 
 def test_replace_uses_rewires_every_slot_that_reads_the_tensor():
     graph, p = _graph()
-    add = gs.Node("Add", "add", inputs=[p["dq_out"], p["dq_out"]], outputs=[gs.Variable("sum")])
+    add = ir.Node("Add", "add", inputs=[p["dq_out"], p["dq_out"]], outputs=[ir.Variable("sum")])
     graph.nodes.append(add)
     log = EditLog(graph)
     log.replace_uses(p["dq_out"], p["x"])
@@ -130,7 +130,7 @@ def test_stored_integers_swapped_for_a_constant_are_not_structural():
     graph, p = _graph()
     p["dq"].inputs[0] = p["zp"]  # a DQ of stored integers
     log = EditLog(graph, on_params=lambda node: pytest.fail("the parameters did not change"))
-    new = gs.Constant("w", np.array(3, np.int8))
+    new = ir.Constant("w", np.array(3, np.int8))
     log.set_input(p["dq"], 0, new)
     assert log.records == [EditRecord(CONSTANT, "dq", 0, "zp", "w")] and not log.structural and not log.swapped
 
@@ -154,8 +154,8 @@ def test_a_constant_in_place_of_a_computed_tensor_is_structural():
 
 def test_add_node_appends_and_refreshes_only_quantizers():
     def node(p, op, name):
-        return gs.Node(op, name, inputs=[p["y"], p["s"], p["zp"]] if op == "QuantizeLinear" else [p["y"]],
-                       outputs=[gs.Variable(f"{name}_out")])
+        return ir.Node(op, name, inputs=[p["y"], p["s"], p["zp"]] if op == "QuantizeLinear" else [p["y"]],
+                       outputs=[ir.Variable(f"{name}_out")])
 
     def raw(graph, p):
         graph.nodes.append(node(p, "QuantizeLinear", "q2"))
@@ -235,7 +235,7 @@ def _smallest(entries: list[Entry], per_tool: int = 2) -> list[Entry]:
     return [entry for group in by_size for entry in group[:per_tool]]
 
 
-def _wires(graph: gs.Graph) -> dict[str, Counter]:
+def _wires(graph: ir.Graph) -> dict[str, Counter]:
     """Each node name's (inputs, outputs) by tensor name; a Counter because some exporters repeat names."""
     found: dict[str, Counter] = defaultdict(Counter)
     for node in graph.nodes:

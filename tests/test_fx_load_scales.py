@@ -41,7 +41,7 @@ torch = pytest.importorskip("torch")
 from torch import nn  # noqa: E402
 from torch.ao.quantization.quantize_fx import prepare_qat_fx  # noqa: E402
 
-from qdq import fix, load_model, load_target, save_model  # noqa: E402
+from qdq import fix, ir, load_model, load_target, save_model  # noqa: E402
 from qdq.errors import QdqError  # noqa: E402
 from qdq.fx import (  # noqa: E402
     TQTFakeQuantize,
@@ -169,7 +169,7 @@ def test_shared_fake_quant_with_different_fixed_scales_takes_the_largest(int8_ro
     onnx_model = load_model(fixed)
     index = QuantIndex(onnx_model)
     node = next(n for n in index.quantizes if n.name == "/activation_post_process_9_2/QuantizeLinear")
-    node.inputs[1] = gs.Constant("bigger_scale", np.array(1.0, dtype=np.float32))
+    node.inputs[1] = ir.Constant("bigger_scale", np.array(1.0, dtype=np.float32))
     save_model(onnx_model, tmp_path / "edited.onnx")
     report = load_scales(model, tmp_path / "edited.onnx")
     assert report.loaded["activation_post_process_9"] == [1.0]

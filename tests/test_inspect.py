@@ -7,11 +7,11 @@ from pathlib import Path
 
 import numpy as np
 import onnx
-import onnx_graphsurgeon as gs
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from cli_run import qdq
+from qdq import ir
 from qdq.inspect import render_tensors, render_text, summarize, tensors
 from qdq.model import Model, load_model
 
@@ -140,7 +140,7 @@ def test_external_data_model_reads_only_scales_and_zero_points(tmp_path, monkeyp
         return constant_values(self, tensor)
 
     monkeypatch.setattr(Model, "constant_values", recording_constant_values)
-    monkeypatch.setattr(gs.ir.tensor.LazyValues, "load", lambda self: pytest.fail(f"read {self.tensor.name}"))
+    monkeypatch.setattr(ir, "decode", lambda proto: pytest.fail(f"read {proto.name}"))
     summary = summarize(model)
 
     assert summary["model"]["external_data"] is True

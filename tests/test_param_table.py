@@ -16,7 +16,7 @@ import pytest
 from onnx import numpy_helper
 from test_conformance import ENTRIES, Entry
 
-from qdq import operands, pow2
+from qdq import ir, operands, pow2
 from qdq.checks import formats
 from qdq.checks.qparams import _scale_problem, _zero_point_problem
 from qdq.errors import ModelLoadError
@@ -194,7 +194,7 @@ def test_a_replaced_row_is_read_again(builder, tmp_path) -> None:
     row = table.row_of[id(node)]
     assert table.scale.decoded.all() and index.params(node).scale == np.float32(0.25)
     assert table.single_scale(index.params(node)) == 0.25
-    node.inputs[1] = gs.Constant("new_scale", np.array(0.125, np.float32))
+    node.inputs[1] = ir.Constant("new_scale", np.array(0.125, np.float32))
     index.refresh(node)
     assert not table.scale.decoded[row] and index.params(node).scale == 0.125
     assert table.single_scale(index.params(node)) is None

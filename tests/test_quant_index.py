@@ -6,11 +6,11 @@ from pathlib import Path
 
 import numpy as np
 import onnx
-import onnx_graphsurgeon as gs
 import pytest
 from builders import GraphBuilder
 from onnx import TensorProto, helper, numpy_helper
 
+from qdq import ir
 from qdq.dtypes import DEQUANTIZE_ONLY, QUANT_TYPES_BY_NAME, quant_type, type_name
 from qdq.model import Model, load_model
 from qdq.quant_index import BLOCKED, PER_AXIS, PER_TENSOR, QuantIndex, resolve_constant
@@ -28,11 +28,11 @@ def build(b: GraphBuilder, tmp_path: Path, model: onnx.ModelProto | None = None)
     return loaded, QuantIndex(loaded)
 
 
-def node(model: Model, name: str) -> gs.Node:
+def node(model: Model, name: str) -> ir.Node:
     return next(n for n in model.graph.nodes if n.name == name)
 
 
-def tensor(model: Model, name: str) -> gs.Tensor:
+def tensor(model: Model, name: str) -> ir.Tensor:
     return model.graph.tensors()[name]
 
 
@@ -86,7 +86,7 @@ def test_qparams_from_initializers(tmp_path):
     b.output("q_out", [1, 4], TensorProto.INT8)
     m, index = build(b, tmp_path)
     p = index.params(node(m, "q"))
-    assert isinstance(p.scale_input, gs.Constant) and p.scale_input.name == "q_scale1"
+    assert isinstance(p.scale_input, ir.Constant) and p.scale_input.name == "q_scale1"
     assert p.scale_source.constant is p.scale_input and p.scale_source.via == []
     assert p.scale_source.cast_to is None
     assert p.zero_point_source.constant.name == "q_zp2"
@@ -419,7 +419,7 @@ def test_qtensor_of_stored_weight(tmp_path):
     b.output("y", [1, 2])
     m, index = build(b, tmp_path)
     [qt] = index.qtensors
-    assert isinstance(qt.integer, gs.Constant) and qt.integer.name == "w_q"
+    assert isinstance(qt.integer, ir.Constant) and qt.integer.name == "w_q"
     assert qt.quantize is None and qt.float_input is None
     assert names(qt.dequantizes) == ["w_dq"]
     assert qt.stored
@@ -613,11 +613,11 @@ def test_reads_only_the_constants_asked_for(tmp_path, monkeypatch):
         read.append(constant.name)
         return original(self, constant)
 
-    def no_lazy_load(self):
-        raise AssertionError(f"graphsurgeon loaded {self.tensor.name}")
+    def no_lazy_load(proto):
+        raise AssertionError(f"decoded {proto.name}")
 
     monkeypatch.setattr(Model, "constant_values", recording)
-    monkeypatch.setattr(gs.ir.tensor.LazyValues, "load", no_lazy_load)
+    monkeypatch.setattr(ir, "decode", no_lazy_load)
     m = load_model(path)
     index = QuantIndex(m)
     assert read == []

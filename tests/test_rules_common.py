@@ -25,6 +25,9 @@ from conftest import apply_fix, findings_of, fix_roundtrip, lint_codes, run_ort
 from onnx import TensorProto, helper
 
 from qdq.errors import ModelLoadError
+from qdq.graph_export import export_model
+from qdq.graph_import import import_graph
+from qdq.graph_tidy import tidy
 from qdq.model import Model, load_model, save_model
 from qdq.registry import all_rules
 from qdq.rule import Finding, FixSafety, Rule
@@ -95,7 +98,7 @@ def load(b: GraphBuilder, tmp_path: Path) -> Model:
 def load_unchecked(b: GraphBuilder, tmp_path: Path) -> Model:
     """For a model `onnx.checker` rejects: import the proto directly, as load_model does after its check."""
     proto = b.model()
-    return Model(graph=gs.import_onnx(proto), path=tmp_path / "m.onnx", opset=b.opset, proto=proto)
+    return Model(graph=import_graph(proto), path=tmp_path / "m.onnx", opset=b.opset, proto=proto)
 
 
 def found(model: Model, code: str) -> list[Finding]:
@@ -126,8 +129,8 @@ def rand(*shape: int, seed: int = 0, spread: float = 8.0) -> np.ndarray:
 def graph_bytes(model: Model) -> bytes:
     """The graph in a canonical form (apply_fix cleans and toposorts even when it changes nothing)."""
     graph = model.graph.copy()
-    graph.cleanup().toposort()
-    return gs.export_onnx(graph).SerializeToString()
+    tidy(graph)
+    return export_model(graph, model.proto).SerializeToString()
 
 
 def assert_exact_fix(path: Path, code: str, tmp_path: Path, feeds: dict[str, np.ndarray]) -> tuple[list, Model]:

@@ -10,8 +10,8 @@ from __future__ import annotations
 from typing import Iterable
 
 import numpy as np
-import onnx_graphsurgeon as gs
 
+from qdq import ir
 from qdq.errors import RuleSetError
 from qdq.operands import input_value, output_value, scale_of
 from qdq.quant_index import QTensor, is_uniform
@@ -27,7 +27,7 @@ class _SharedScale(Rule):
     severity = Severity.WARNING
     fix_safety = FixSafety.APPROXIMATE
 
-    def groups(self, ctx: CheckContext) -> Iterable[tuple[gs.Node, list[QTensor]]]:
+    def groups(self, ctx: CheckContext) -> Iterable[tuple[ir.Node, list[QTensor]]]:
         raise NotImplementedError
 
     def check(self, ctx: CheckContext) -> Iterable[Finding]:
@@ -130,7 +130,7 @@ class ConcatScaleMismatch(_SharedScale):
     message = "{node}: {op} inputs and output use different quantization parameters ({scales})"
     parameters = {"ops": ["Concat"], "prefer": "coarser", "output_through": [], "output_through_mul": []}
 
-    def groups(self, ctx: CheckContext) -> Iterable[tuple[gs.Node, list[QTensor]]]:
+    def groups(self, ctx: CheckContext) -> Iterable[tuple[ir.Node, list[QTensor]]]:
         ops = set(ctx.params["ops"])
         for node in ctx.graph.nodes:
             if node.op not in ops:
@@ -166,7 +166,7 @@ class InOutScaleMismatch(_SharedScale):
         "output_through_mul": [],
     }
 
-    def groups(self, ctx: CheckContext) -> Iterable[tuple[gs.Node, list[QTensor]]]:
+    def groups(self, ctx: CheckContext) -> Iterable[tuple[ir.Node, list[QTensor]]]:
         ops = set(ctx.params["ops"])
         for node in ctx.graph.nodes:
             if node.op not in ops:

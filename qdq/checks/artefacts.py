@@ -10,15 +10,15 @@ from __future__ import annotations
 from typing import Iterable
 
 import numpy as np
-import onnx_graphsurgeon as gs
 
+from qdq import ir
 from qdq.quant_index import PER_TENSOR, ConstantSource, QParams, QuantIndex, source_values
 from qdq.rule import Change, CheckContext, Finding, FixContext, FixSafety, Rule, Severity, register
 
 _SCALE, _ZERO_POINT = 1, 2
 
 
-def _param_slots(p: QParams) -> list[tuple[int, gs.Tensor, ConstantSource | None]]:
+def _param_slots(p: QParams) -> list[tuple[int, ir.Tensor, ConstantSource | None]]:
     slots = [(_SCALE, p.scale_input, p.scale_source)]
     if p.zero_point_input is not None:
         slots.append((_ZERO_POINT, p.zero_point_input, p.zero_point_source))
@@ -85,7 +85,7 @@ class NonScalarQParams(Rule):
             # Every reader is a Q/DQ parameter: reshape in place, and the shapes known along the way.
             ctx.edits.set_values(constant, ctx.model.constant_values(constant).reshape(()))
             for tensor in chain:
-                if isinstance(tensor, gs.Variable) and tensor.shape is not None:
+                if isinstance(tensor, ir.Variable) and tensor.shape is not None:
                     tensor.shape = []
             target = held.name
         else:
@@ -94,13 +94,13 @@ class NonScalarQParams(Rule):
             values = source_values(ctx.model, source).reshape(())
             scalar = _existing_constant(ctx.graph, f"{constant.name}_scalar", values)
             if scalar is None:
-                scalar = gs.Constant(ctx.new_name(f"{constant.name}_scalar"), values)
+                scalar = ir.Constant(ctx.new_name(f"{constant.name}_scalar"), values)
             ctx.edits.set_input(p.node, slot, scalar)
             target = scalar.name
         return Change(self.code, p.node.name, target, old_shape, [], f"{_slot_name(slot)} reshaped to a scalar")
 
 
-def _qparam_only_chain(tensor: gs.Tensor, index: QuantIndex) -> list[gs.Tensor] | None:
+def _qparam_only_chain(tensor: ir.Tensor, index: QuantIndex) -> list[ir.Tensor] | None:
     """The tensors from `tensor` through Identity/Cast to Q/DQ parameter inputs, or None when anything
     else reads them (another op, a Q/DQ data input, a blocked Q/DQ, or a graph output): then reshaping
     in place would change what that reader sees."""
@@ -122,7 +122,7 @@ def _qparam_only_chain(tensor: gs.Tensor, index: QuantIndex) -> list[gs.Tensor] 
     return chain
 
 
-def _existing_constant(graph: gs.Graph, base: str, values: np.ndarray) -> gs.Constant | None:
+def _existing_constant(graph: ir.Graph, base: str, values: np.ndarray) -> ir.Constant | None:
     """A constant an earlier finding made with the same values (named base, base_1, ...), to share it.
 
     So a Q and a DQ that shared one parameter still share one after the fix."""
@@ -130,7 +130,7 @@ def _existing_constant(graph: gs.Graph, base: str, values: np.ndarray) -> gs.Con
     name, i = base, 0
     while name in tensors:
         tensor = tensors[name]
-        if isinstance(tensor, gs.Constant) and tuple(tensor.shape) == values.shape and tensor.dtype == values.dtype:
+        if isinstance(tensor, ir.Constant) and tuple(tensor.shape) == values.shape and tensor.dtype == values.dtype:
             if np.array_equal(np.asarray(tensor.values), values):
                 return tensor
         i += 1
@@ -175,12 +175,12 @@ class QParamPassThrough(Rule):
             values = source_values(ctx.model, source)
             root = _existing_constant(ctx.graph, f"{old.name}_const", values)
             if root is None:
-                root = gs.Constant(ctx.new_name(f"{old.name}_const"), values)
+                root = ir.Constant(ctx.new_name(f"{old.name}_const"), values)
         ctx.edits.set_input(p.node, slot, root)
         return [Change(self.code, p.node.name, old.name, old.name, root.name, f"{_slot_name(slot)} read directly")]
 
 
-def _chain_root(tensor: gs.Tensor) -> gs.Tensor:
+def _chain_root(tensor: ir.Tensor) -> ir.Tensor:
     """The tensor at the start of an Identity/Cast chain: an initializer or a Constant node's output."""
     while tensor.inputs and tensor.inputs[0].op in ("Identity", "Cast"):
         tensor = tensor.inputs[0].inputs[0]

@@ -15,9 +15,9 @@ from dataclasses import dataclass
 from typing import Iterable
 
 import numpy as np
-import onnx_graphsurgeon as gs
 from onnx import helper
 
+from qdq import ir
 from qdq.operands import BIAS_INPUT, WEIGHT_INPUT, input_value
 from qdq.quant_index import PER_TENSOR, ConstantSource, QParams, QTensor, resolve_constant, source_values
 from qdq.rounding import RoundingCost, along, quantize
@@ -44,8 +44,8 @@ class _Layout:
 class _Chain:
     """A weighted op and the foldable ops after it, composed into y = k·conv + d per output channel."""
 
-    node: gs.Node
-    steps: list[gs.Node]
+    node: ir.Node
+    steps: list[ir.Node]
     k: np.ndarray
     d: np.ndarray
     layout: _Layout
@@ -158,7 +158,7 @@ def folded_away(ctx: CheckContext) -> set[int]:
 # --- finding the chain ---------------------------------------------------------------------------------
 
 
-def _find_chain(ctx: CheckContext, node: gs.Node) -> _Chain | None:
+def _find_chain(ctx: CheckContext, node: ir.Node) -> _Chain | None:
     """The foldable ops after a weighted op with a quantized constant weight, composed per channel."""
     index = ctx.index
     if node.op not in WEIGHT_INPUT or node.op not in BIAS_INPUT:
@@ -168,7 +168,7 @@ def _find_chain(ctx: CheckContext, node: gs.Node) -> _Chain | None:
     layout = _layout(node, shape) if shape is not None else None
     if layout is None or not node.outputs:
         return None
-    found: list[tuple[gs.Node, np.ndarray, np.ndarray]] = []
+    found: list[tuple[ir.Node, np.ndarray, np.ndarray]] = []
     tensor = node.outputs[0]
     while len(tensor.outputs) == 1 and not index.is_graph_output(tensor) and tensor.outputs[0].outputs:
         step = tensor.outputs[0]
@@ -197,7 +197,7 @@ def _find_chain(ctx: CheckContext, node: gs.Node) -> _Chain | None:
 
 
 def _affine(
-    ctx: CheckContext, step: gs.Node, tensor: gs.Tensor, layout: _Layout
+    ctx: CheckContext, step: ir.Node, tensor: ir.Tensor, layout: _Layout
 ) -> tuple[np.ndarray, np.ndarray] | None:
     """(scale, shift) per channel when `step` maps `tensor` as y = scale·x + shift, else None."""
     ones, zeros = np.ones(layout.channels), np.zeros(layout.channels)
@@ -229,7 +229,7 @@ def _affine(
     return ones, (c if step.op == "Add" else -c)
 
 
-def _constant(ctx: CheckContext, tensor: gs.Tensor | None) -> np.ndarray | None:
+def _constant(ctx: CheckContext, tensor: ir.Tensor | None) -> np.ndarray | None:
     source = resolve_constant(tensor) if tensor is not None and tensor.name else None
     if source is None:
         return None
@@ -261,7 +261,7 @@ def _weight_source(weight: QTensor) -> ConstantSource | None:
     return None
 
 
-def _layout(node: gs.Node, shape: tuple[int, ...]) -> _Layout | None:
+def _layout(node: ir.Node, shape: tuple[int, ...]) -> _Layout | None:
     if node.op == "Conv" and len(shape) >= 3:
         return _Layout(shape[0], len(shape), 0, 1)
     if node.op == "ConvTranspose" and len(shape) >= 3:
@@ -272,7 +272,7 @@ def _layout(node: gs.Node, shape: tuple[int, ...]) -> _Layout | None:
     return None
 
 
-def _bias(ctx: CheckContext, node: gs.Node, layout: _Layout) -> tuple[np.ndarray | None, QTensor | None]:
+def _bias(ctx: CheckContext, node: ir.Node, layout: _Layout) -> tuple[np.ndarray | None, QTensor | None]:
     """The bias the op adds per output channel (None when it is computed), and its integer value if stored."""
     slot = BIAS_INPUT[node.op]
     beta = float(node.attrs.get("beta", 1.0)) if node.op == "Gemm" else 1.0
@@ -293,7 +293,7 @@ def _bias(ctx: CheckContext, node: gs.Node, layout: _Layout) -> tuple[np.ndarray
     return (beta * per_channel if per_channel is not None else None), value
 
 
-def _bias_per_channel(values: np.ndarray, node: gs.Node, layout: _Layout) -> np.ndarray | None:
+def _bias_per_channel(values: np.ndarray, node: ir.Node, layout: _Layout) -> np.ndarray | None:
     """A conv bias is one value per output channel; Gemm's C broadcasts over the output like any operand."""
     if node.op == "Gemm":
         return _per_channel(values, layout)
@@ -357,7 +357,7 @@ def _fold_weight(ctx: FixContext, chain: _Chain) -> tuple[np.ndarray, dict]:
         new_ints, unclipped = quantize(folded, scale_b, zero_point, qmin, qmax)
         ctx.edits.set_input(weight.quantize, 0, ctx.model.new_constant(ctx.new_name(f"{name}_folded"), folded))
     scale_type = _np_type(params.scale_source.elem_type)
-    scale_constant = gs.Constant(ctx.new_name(f"{name}_scale"), np.asarray(new_scale, scale_type))
+    scale_constant = ir.Constant(ctx.new_name(f"{name}_scale"), np.asarray(new_scale, scale_type))
     for q_or_dq in weight.nodes:
         ctx.edits.set_input(q_or_dq, 1, scale_constant)
     cost = RoundingCost.of(ideal, new_ints, unclipped, scale_b, zero_point).values()
@@ -373,7 +373,7 @@ def _fold_bias(ctx: FixContext, chain: _Chain, weight_scale: np.ndarray) -> dict
     values: dict = {}
     if chain.bias_value is None:
         float_type = _np_type(params.scale_source.elem_type) if params.scale_source is not None else np.float32
-        bias: gs.Tensor = gs.Constant(name, real.astype(float_type))
+        bias: ir.Tensor = ir.Constant(name, real.astype(float_type))
     else:
         bias_params = ctx.index.params(chain.bias_value.nodes[-1])
         per_channel = _scale_per_channel(chain.layout, params, weight_scale)
@@ -384,15 +384,15 @@ def _fold_bias(ctx: FixContext, chain: _Chain, weight_scale: np.ndarray) -> dict
         values["bias_saturated"] = int(np.count_nonzero(ints != unclipped))
         int_type, float_type = _np_type(bias_params.elem_type), _np_type(bias_params.scale_source.elem_type)
         inputs = [
-            gs.Constant(ctx.new_name(f"{name}_quantized"), ints.astype(int_type)),
-            gs.Constant(ctx.new_name(f"{name}_scale"), np.asarray(scale, float_type)),
+            ir.Constant(ctx.new_name(f"{name}_quantized"), ints.astype(int_type)),
+            ir.Constant(ctx.new_name(f"{name}_scale"), np.asarray(scale, float_type)),
         ]
         if bias_params.zero_point_input is not None:
-            inputs.append(gs.Constant(ctx.new_name(f"{name}_zero_point"), np.zeros(scale.shape, int_type)))
-        bias = gs.Variable(name, dtype=float_type, shape=[chain.layout.channels])
+            inputs.append(ir.Constant(ctx.new_name(f"{name}_zero_point"), np.zeros(scale.shape, int_type)))
+        bias = ir.Variable(name, dtype=float_type, shape=[chain.layout.channels])
         attrs = {"axis": 0} if scale.size > 1 else {}
         ctx.edits.add_node(
-            gs.Node("DequantizeLinear", name=ctx.new_name(f"{name}_dq"), attrs=attrs, inputs=inputs, outputs=[bias])
+            ir.Node("DequantizeLinear", name=ctx.new_name(f"{name}_dq"), attrs=attrs, inputs=inputs, outputs=[bias])
         )
     ctx.edits.set_input(node, slot, bias)
     if node.op == "Gemm":

@@ -13,8 +13,8 @@ from typing import Iterable
 
 import numpy as np
 import onnx
-import onnx_graphsurgeon as gs
 
+from qdq import ir
 from qdq.constant_eval import constant_ancestry, evaluate_constant
 from qdq.dtypes import quant_type, type_name
 from qdq.insertion import float_type, read_dequantized
@@ -82,16 +82,16 @@ class BiasScaleMismatch(Rule):
                           self.code, reason, zero_point=0, axis=axis)
 
 
-def _private(ctx: FixContext, node: gs.Node, bias: QTensor) -> QTensor:
+def _private(ctx: FixContext, node: ir.Node, bias: QTensor) -> QTensor:
     """The bias as only `node` reads it: exporters share one bias constant (and DQ) among convs whose
     input × weight scales differ, and moving it for one would move it for all."""
     dequantize = ctx.index.dequantize_feeding(node.inputs[BIAS_INPUT[node.op]])
     readers = [c for dq in bias.dequantizes for t in dq.outputs for c, _ in ctx.index.consumers_through(t)]
     if readers == [node]:
         return bias
-    out = gs.Variable(ctx.new_name(f"{node.name}_bias"), dtype=dequantize.outputs[0].dtype,
+    out = ir.Variable(ctx.new_name(f"{node.name}_bias"), dtype=dequantize.outputs[0].dtype,
                       shape=dequantize.outputs[0].shape)
-    private = gs.Node(dequantize.op, ctx.new_name(f"{node.name}_bias_DequantizeLinear"), attrs=dict(dequantize.attrs),
+    private = ir.Node(dequantize.op, ctx.new_name(f"{node.name}_bias_DequantizeLinear"), attrs=dict(dequantize.attrs),
                       inputs=list(dequantize.inputs), outputs=[out], domain=dequantize.domain)
     ctx.edits.add_node(private)
     ctx.edits.set_input(node, BIAS_INPUT[node.op], out)
@@ -107,12 +107,12 @@ def _operands(ctx: CheckContext, node) -> tuple[QTensor, np.ndarray, int] | None
     return bias, expected, 0
 
 
-def _bias(index: QuantIndex, node: gs.Node) -> QTensor | None:
+def _bias(index: QuantIndex, node: ir.Node) -> QTensor | None:
     """The quantized value an op reads as its bias, if any."""
     return input_value(index, node, BIAS_INPUT[node.op]) if node.op in BIAS_INPUT else None
 
 
-def _accumulator_scale(index: QuantIndex, node: gs.Node) -> np.ndarray | None:
+def _accumulator_scale(index: QuantIndex, node: ir.Node) -> np.ndarray | None:
     """Input scale × weight scale (one per output channel if the weight has them), if both are constant."""
     data = input_value(index, node, 0)
     weight = input_value(index, node, WEIGHT_INPUT[node.op]) if node.op in WEIGHT_INPUT else None
@@ -181,7 +181,7 @@ class FloatBias(Rule):
                        cost_sentence(f"{node.name}: bias quantized at input × weight scale", cost), cost)]
 
 
-def _float_bias(ctx: CheckContext, node: gs.Node) -> tuple[np.ndarray, np.ndarray] | None:
+def _float_bias(ctx: CheckContext, node: ir.Node) -> tuple[np.ndarray, np.ndarray] | None:
     """A float bias's values (a constant vector, one per output channel) and the accumulator scale, if both known."""
     source = resolve_constant(node.inputs[BIAS_INPUT[node.op]])
     scale = _accumulator_scale(ctx.index, node)

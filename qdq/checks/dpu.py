@@ -16,8 +16,8 @@ from typing import Any, Iterable, Sequence
 
 import numpy as np
 import onnx
-import onnx_graphsurgeon as gs
 
+from qdq import ir
 from qdq.errors import RuleSetError
 from qdq.quant_index import resolve_constant, source_values
 from qdq.rule import Change, CheckContext, Finding, FixContext, FixSafety, Rule, Severity, register
@@ -108,7 +108,7 @@ class LeakyReluSlope(Rule):
             )
 
     def fix(self, ctx: FixContext, finding: Finding) -> list[Change]:
-        node: gs.Node = finding.subject
+        node: ir.Node = finding.subject
         old = finding.values["alpha"]
         new = finding.values["dpu_alpha"]
         ctx.edits.set_attr(node, "alpha", float(new))
@@ -243,7 +243,7 @@ class AvgPoolDpuMultiplier(Rule):
             )
 
 
-def _kernel_of(node: gs.Node, shapes: _InferredShapes) -> list[int] | None:
+def _kernel_of(node: ir.Node, shapes: _InferredShapes) -> list[int] | None:
     """The [kh, kw] a pool averages over, or None when it is not a known 2-D kernel."""
     if node.op == "GlobalAveragePool":
         if not node.inputs:
@@ -269,7 +269,7 @@ class _InferredShapes:
         self._ctx = ctx
         self._inferred: dict[str, list[Any]] | None = None
 
-    def of(self, tensor: gs.Tensor) -> list[Any] | None:
+    def of(self, tensor: ir.Tensor) -> list[Any] | None:
         if tensor.shape is not None and _static(tensor.shape):
             return list(tensor.shape)
         if self._inferred is None:
@@ -296,7 +296,7 @@ def _static(shape: Sequence[Any]) -> bool:
     return all(isinstance(d, (int, np.integer)) and d > 0 for d in shape)
 
 
-def _rescaled_by(ctx: CheckContext, tensor: gs.Tensor, factor: float) -> bool:
+def _rescaled_by(ctx: CheckContext, tensor: ir.Tensor, factor: float) -> bool:
     """Whether the only reader of `tensor` is a Mul by a constant equal to `factor`.
 
     Equal means within 1e-9 relative, or equal once the factor is rounded to the constant's type.

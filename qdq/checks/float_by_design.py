@@ -17,8 +17,8 @@ import math
 from typing import Iterable
 
 import numpy as np
-import onnx_graphsurgeon as gs
 
+from qdq import ir
 from qdq.constant_eval import constant_ancestry, evaluate_constant
 from qdq.dtypes import type_name
 from qdq.insertion import float_type
@@ -37,7 +37,7 @@ FLOAT_BY_DESIGN_PARAMETERS = {
 _GEMMS = ("MatMul", "Gemm")
 
 
-def float_by_design(ctx: CheckContext, node: gs.Node) -> str | None:
+def float_by_design(ctx: CheckContext, node: ir.Node) -> str | None:
     """Why TensorRT runs this op faster in float (a reason for a message), or None."""
     if node.op in _GEMMS:
         return _small_gemm(node, ctx.params["min_gemm_dim"])
@@ -46,7 +46,7 @@ def float_by_design(ctx: CheckContext, node: gs.Node) -> str | None:
     return None
 
 
-def reads_float_by_design(ctx: CheckContext, node: gs.Node, slot: int) -> bool:
+def reads_float_by_design(ctx: CheckContext, node: ir.Node, slot: int) -> bool:
     """Whether input `slot` of `node` is float on purpose: the data input of a GEMM whose weight is
     quantized weight-only (INT4), or any input in a model that quantizes weights only."""
     if _model_precision(ctx.index, ctx.params["weight_only_types"]) == "weight-only":
@@ -54,14 +54,14 @@ def reads_float_by_design(ctx: CheckContext, node: gs.Node, slot: int) -> bool:
     return node.op in _GEMMS and slot != 1 and _weight_only(ctx, node)
 
 
-def _weight_only(ctx: CheckContext, node: gs.Node) -> bool:
+def _weight_only(ctx: CheckContext, node: ir.Node) -> bool:
     """Whether the GEMM's weight is dequantized from a weight-only type (INT4)."""
     weight = input_value(ctx.index, node, 1)
     return weight is not None and any(
         type_name(ctx.index.params(dq).elem_type) in ctx.params["weight_only_types"] for dq in weight.dequantizes)
 
 
-def _small_gemm(node: gs.Node, min_dim: int) -> str | None:
+def _small_gemm(node: ir.Node, min_dim: int) -> str | None:
     """`N = 10 < 16`, `M = 1 (a GEMV)`, ... from the shapes the model states, or None (always
     None with `min_dim` 0: the rule set excludes no GEMM)."""
     if not min_dim:
@@ -84,7 +84,7 @@ def _small_gemm(node: gs.Node, min_dim: int) -> str | None:
     return None
 
 
-def _fp8_conv_exclusion(node: gs.Node, channels_over: int, max_filter: int) -> str | None:
+def _fp8_conv_exclusion(node: ir.Node, channels_over: int, max_filter: int) -> str | None:
     weight = _shape(node.inputs[1]) if len(node.inputs) > 1 else None
     if weight is None or len(weight) < 3 or not all(isinstance(d, int) for d in weight):
         return None
@@ -95,7 +95,7 @@ def _fp8_conv_exclusion(node: gs.Node, channels_over: int, max_filter: int) -> s
     return None
 
 
-def _shape(tensor: gs.Tensor | None) -> tuple | None:
+def _shape(tensor: ir.Tensor | None) -> tuple | None:
     """The stated shape of a tensor, else of what the DQ or Q that makes it reads (same shape)."""
     while tensor is not None and tensor.shape is None:
         producer = tensor.inputs[0] if len(tensor.inputs) == 1 else None
@@ -231,15 +231,15 @@ class QdqOnGraphOutput(Rule):
         dtype = float_type(source)
         low, high = (np.asarray((q - zero_point) * scale, dtype=dtype) for q in (params.qtype.qmin, params.qtype.qmax))
         ctx.edits.detach(dequantize)
-        bounds = [gs.Constant(ctx.new_name(f"{output.name}_{end}"), value) for end, value in (("min", low), ("max", high))]
-        ctx.edits.add_node(gs.Node("Clip", ctx.new_name(f"{output.name}_Clip"), inputs=[source, *bounds],
+        bounds = [ir.Constant(ctx.new_name(f"{output.name}_{end}"), value) for end, value in (("min", low), ("max", high))]
+        ctx.edits.add_node(ir.Node("Clip", ctx.new_name(f"{output.name}_Clip"), inputs=[source, *bounds],
                                    outputs=[output]))
         return [Change(self.code, dequantize.name, output.name, "Q → DQ", f"Clip({low:g}, {high:g})",
                        f"graph output {output.name} is the float {source.name}, clipped to the range "
                        f"{quantize.name} held; the Q/DQ pair is gone")]
 
 
-def _moved_dequantized(ctx: CheckContext, tensor: gs.Tensor) -> bool:
+def _moved_dequantized(ctx: CheckContext, tensor: ir.Tensor) -> bool:
     """Whether an op Q/DQ move through (`transparent`) makes `tensor` from a dequantized value."""
     producer = tensor.inputs[0] if len(tensor.inputs) == 1 else None
     return (producer is not None and producer.op in ctx.params["transparent"] and bool(producer.inputs)
@@ -289,11 +289,11 @@ class QdqBeforeFloatOp(Rule):
             yield self.finding(ctx, quantize, [quantize.inputs[0]], subject=value, quantize=quantize.name,
                                readers=", ".join(ops), standalone=[dq.name for dq in value.dequantizes])
 
-    def _readers(self, ctx: CheckContext, dequantizes: list[gs.Node]) -> list[gs.Node] | None:
+    def _readers(self, ctx: CheckContext, dequantizes: list[ir.Node]) -> list[ir.Node] | None:
         """The ops that read the dequantized value, when all run in float (else None)."""
         float_ops, pointwise = set(ctx.params["float_ops"]), set(ctx.params["pointwise"])
         transparent = set(ctx.params["transparent"])
-        readers: list[gs.Node] = []
+        readers: list[ir.Node] = []
         stack = [dq.outputs[0] for dq in dequantizes if dq.outputs]
         while stack:
             tensor = stack.pop()
@@ -319,7 +319,7 @@ class QdqBeforeFloatOp(Rule):
                        f"Q/DQ removed: {finding.values['readers']} read {source.name} in float")]
 
 
-def _made_in_float(tensor: gs.Tensor, float_ops: set[str], pointwise: set[str], depth: int = 6) -> bool:
+def _made_in_float(tensor: ir.Tensor, float_ops: set[str], pointwise: set[str], depth: int = 6) -> bool:
     """Whether a float op makes `tensor`, through a few pointwise ops and Q/DQ: the `1 + erf(x/√2)`
     that GELU's Mul reads, which TensorRT computes in one float kernel with the Mul."""
     producer = tensor.inputs[0] if len(tensor.inputs) == 1 else None

@@ -10,10 +10,9 @@ import math
 from typing import Iterable
 
 import numpy as np
-import onnx_graphsurgeon as gs
 from onnx import TensorProto
 
-from qdq import pow2
+from qdq import ir, pow2
 from qdq.dtypes import DEQUANTIZE_ONLY, QuantType, quant_type, type_name
 from qdq.errors import RuleSetError
 from qdq.checks.reduced_range import clip_bounds
@@ -303,8 +302,8 @@ def _loses_negatives(ctx: CheckContext, qt: QTensor, qtype: QuantType, zero_poin
 def _insert_relu(ctx: FixContext, qt: QTensor, code: str) -> Change:
     """Put the clip a zero-point at the type minimum made back as a Relu, on this Q's input only."""
     quantize, tensor = qt.quantize, qt.quantize.inputs[0]
-    clipped = gs.Variable(ctx.new_name(f"{tensor.name}_relu"), dtype=tensor.dtype, shape=tensor.shape)
-    relu = gs.Node("Relu", ctx.new_name(f"{tensor.name}_Relu"), inputs=[tensor], outputs=[clipped])
+    clipped = ir.Variable(ctx.new_name(f"{tensor.name}_relu"), dtype=tensor.dtype, shape=tensor.shape)
+    relu = ir.Node("Relu", ctx.new_name(f"{tensor.name}_Relu"), inputs=[tensor], outputs=[clipped])
     ctx.edits.add_node(relu)
     ctx.edits.set_input(quantize, 0, clipped)
     after = f" after {tensor.inputs[0].op} {tensor.inputs[0].name}" if tensor.inputs else ""
@@ -313,12 +312,12 @@ def _insert_relu(ctx: FixContext, qt: QTensor, code: str) -> Change:
                   f"for the target to fuse", {"inserted": relu.name})
 
 
-def _can_be_negative(ctx: CheckContext, tensor: gs.Tensor, seen: set[int]) -> bool:
+def _can_be_negative(ctx: CheckContext, tensor: ir.Tensor, seen: set[int]) -> bool:
     """Whether a float tensor may hold negative values, as far as its producers show (True when unsure)."""
     if id(tensor) in seen:
         return True
     seen.add(id(tensor))
-    if isinstance(tensor, gs.Constant):
+    if isinstance(tensor, ir.Constant):
         return bool(np.any(np.asarray(tensor.values) < 0))
     dq = ctx.index.dequantize_feeding(tensor)
     if dq is not None:

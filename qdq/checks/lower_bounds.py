@@ -12,8 +12,8 @@ import math
 from typing import Iterable
 
 import numpy as np
-import onnx_graphsurgeon as gs
 
+from qdq import ir
 from qdq.checks.reduced_range import clip_bounds
 from qdq.operands import ACTIVATION, output_value, role, scale_of
 from qdq.quant_index import QUANTIZE, QTensor, is_uniform
@@ -79,7 +79,7 @@ class ClippedZeroPoint(Rule):
             if qtype is None or qtype.is_float or not is_uniform(zero_point):
                 continue
             tensor = qt.quantize.inputs[0]
-            if isinstance(tensor, gs.Constant) or not _read_by_its_dequantizes(ctx, qt):
+            if isinstance(tensor, ir.Constant) or not _read_by_its_dequantizes(ctx, qt):
                 continue  # a weight that reaches its op indirectly; integers an op reads (a Clip) on the old grid
             low = bounds.of(tensor)
             if low is None:
@@ -123,7 +123,7 @@ class _Bounds:
         self.carry, self.sum = set(ctx.params["carry"]), set(ctx.params["sum"])
         self.memo: dict[int, float | None] = {}
 
-    def of(self, tensor: gs.Tensor) -> float | None:
+    def of(self, tensor: ir.Tensor) -> float | None:
         """The least value the tensor can hold (at most 0), or None when its producers do not bound it."""
         key = id(tensor)
         if key not in self.memo:
@@ -132,11 +132,11 @@ class _Bounds:
             self.memo[key] = None if low is None or not math.isfinite(low) else min(low, 0.0)
         return self.memo[key]
 
-    def op_name(self, node: gs.Node) -> str:
+    def op_name(self, node: ir.Node) -> str:
         return SILU if self._silu(node) is not None else node.op
 
-    def _derive(self, tensor: gs.Tensor) -> float | None:
-        if isinstance(tensor, gs.Constant):
+    def _derive(self, tensor: ir.Tensor) -> float | None:
+        if isinstance(tensor, ir.Constant):
             values = np.asarray(tensor.values)
             return float(values.min()) if values.size else None
         dq = self.ctx.index.dequantize_feeding(tensor)
@@ -162,7 +162,7 @@ class _Bounds:
             return sum(bounds) if node.op in self.sum else min(bounds)
         return None
 
-    def _dequantized(self, dq: gs.Node) -> float | None:
+    def _dequantized(self, dq: ir.Node) -> float | None:
         """A DQ of a Q of a bounded tensor: the bound rounded on the grid (Q rounds monotonically, then clips)."""
         quantize = self._quantize_of(dq)
         if quantize is None:
@@ -175,7 +175,7 @@ class _Bounds:
         scale, zero_point = float(params.scale.ravel()[0]), float(params.zero_point.ravel()[0])
         return max(float(np.rint(low / scale)), params.qtype.qmin - zero_point) * scale
 
-    def _quantize_of(self, dq: gs.Node) -> gs.Node | None:
+    def _quantize_of(self, dq: ir.Node) -> ir.Node | None:
         """The Q (with the same parameters) whose integers this DQ reads."""
         integers = dq.inputs[0]
         quantize = integers.inputs[0] if len(integers.inputs) == 1 else None
@@ -184,7 +184,7 @@ class _Bounds:
         same = self.ctx.index.params(quantize).same_values(self.ctx.index.params(dq))
         return quantize if same and not self.ctx.index.params(dq).dynamic else None
 
-    def _silu(self, node: gs.Node) -> tuple[gs.Tensor, gs.Node] | None:
+    def _silu(self, node: ir.Node) -> tuple[ir.Tensor, ir.Node] | None:
         """Mul(x, Sigmoid(x)), x the same on both sides (one tensor, or one quantized value): (the Sigmoid's
         output as the Mul reads it, the Sigmoid)."""
         if node.op != "Mul" or SILU not in self.table or len(node.inputs) != 2:
@@ -196,7 +196,7 @@ class _Bounds:
                 return gate, sigmoid
         return None
 
-    def _same_x(self, a: gs.Tensor, b: gs.Tensor) -> bool:
+    def _same_x(self, a: ir.Tensor, b: ir.Tensor) -> bool:
         if a is b:
             return True
         dqs = [self.ctx.index.dequantize_feeding(t) for t in (a, b)]
@@ -205,13 +205,13 @@ class _Bounds:
         first, second = (self.ctx.index.qtensor_of(dq) for dq in dqs)
         return first is not None and first is second
 
-    def _source(self, tensor: gs.Tensor) -> gs.Tensor:
+    def _source(self, tensor: ir.Tensor) -> ir.Tensor:
         """The float tensor a chain of Q → DQ pairs starts from."""
         while (dq := self.ctx.index.dequantize_feeding(tensor)) is not None and (q := self._quantize_of(dq)):
             tensor = q.inputs[0]
         return tensor
 
-    def _silu_bound(self, silu: tuple[gs.Tensor, gs.Node]) -> float:
+    def _silu_bound(self, silu: tuple[ir.Tensor, ir.Node]) -> float:
         """The table's x·sigmoid(x) minimum, or with a quantized Sigmoid output the least x·sigmoid~(x).
 
         A quantized sigmoid~(x) = k·s for sigmoid(x) in [(k - 1/2)·s, (k + 1/2)·s), so on x ≤ 0 the

@@ -13,9 +13,9 @@ from __future__ import annotations
 from typing import Iterable
 
 import numpy as np
-import onnx_graphsurgeon as gs
 from onnx import helper
 
+from qdq import ir
 from qdq.checks.batchnorm import FOLD_PARAMETERS, folded_away
 from qdq.dtypes import QUANT_TYPES_BY_NAME
 from qdq.errors import RuleSetError
@@ -26,7 +26,7 @@ from qdq.requantize import describe
 from qdq.rule import Change, CheckContext, Finding, FixContext, FixSafety, Rule, Severity, register
 
 
-def dequantized_inputs(ctx: CheckContext, node: gs.Node, will_be: frozenset[int] = frozenset()) -> bool:
+def dequantized_inputs(ctx: CheckContext, node: ir.Node, will_be: frozenset[int] = frozenset()) -> bool:
     """Whether every data input of a node comes from a DQ (constant weights, biases and shapes aside);
     tensors in `will_be` (by id) count as dequantized: another rule's fix quantizes them without data."""
     found = False
@@ -45,7 +45,7 @@ def dequantized_inputs(ctx: CheckContext, node: gs.Node, will_be: frozenset[int]
     return found
 
 
-def _reads_as_quantize(node: gs.Node, tensor: gs.Tensor) -> bool:
+def _reads_as_quantize(node: ir.Node, tensor: ir.Tensor) -> bool:
     return node.op == QUANTIZE and bool(node.inputs) and node.inputs[0] is tensor
 
 
@@ -115,7 +115,7 @@ class FloatOutput(Rule):
                 yield self.finding(ctx, node, [site], subject=site, fixable=fixable,
                                    op=node.op, tensor=site.name, problem=problem, how=how)
 
-    def _site(self, ctx: CheckContext, tensor: gs.Tensor) -> gs.Tensor:
+    def _site(self, ctx: CheckContext, tensor: ir.Tensor) -> ir.Tensor:
         """Where the output's Q belongs: after a single absorbable activation, else the output itself."""
         consumers = tensor.outputs
         if len(consumers) == 1 and consumers[0].op in ctx.params["through"] and consumers[0].outputs:
@@ -192,14 +192,14 @@ class FixedRangeOutput(Rule):
         zero_point = int(np.clip(np.rint(qtype.qmin - low / scale), qtype.qmin, qtype.qmax))
         out = node.outputs[0]
         scale_type = _scale_type(ctx, node)
-        scale_const = gs.Constant(ctx.new_name(f"{out.name}_scale"), np.asarray(scale, dtype=scale_type))
-        zp_const = gs.Constant(ctx.new_name(f"{out.name}_zero_point"), np.asarray(zero_point, dtype=ctx.params["dtype"]))
-        dequantized = gs.Variable(ctx.new_name(f"{out.name}_dequantized"), dtype=out.dtype, shape=out.shape)
+        scale_const = ir.Constant(ctx.new_name(f"{out.name}_scale"), np.asarray(scale, dtype=scale_type))
+        zp_const = ir.Constant(ctx.new_name(f"{out.name}_zero_point"), np.asarray(zero_point, dtype=ctx.params["dtype"]))
+        dequantized = ir.Variable(ctx.new_name(f"{out.name}_dequantized"), dtype=out.dtype, shape=out.shape)
         ctx.edits.replace_uses(out, dequantized)
-        integers = gs.Variable(ctx.new_name(f"{out.name}_quantized"), dtype=np.dtype(ctx.params["dtype"]), shape=out.shape)
-        ctx.edits.add_node(gs.Node(QUANTIZE, ctx.new_name(f"{out.name}_QuantizeLinear"),
+        integers = ir.Variable(ctx.new_name(f"{out.name}_quantized"), dtype=np.dtype(ctx.params["dtype"]), shape=out.shape)
+        ctx.edits.add_node(ir.Node(QUANTIZE, ctx.new_name(f"{out.name}_QuantizeLinear"),
                                    inputs=[out, scale_const, zp_const], outputs=[integers]))
-        ctx.edits.add_node(gs.Node(DEQUANTIZE, ctx.new_name(f"{out.name}_DequantizeLinear"),
+        ctx.edits.add_node(ir.Node(DEQUANTIZE, ctx.new_name(f"{out.name}_DequantizeLinear"),
                                    inputs=[integers, scale_const, zp_const], outputs=[dequantized]))
         new = f"{ctx.params['dtype']} {describe(np.asarray(scale), np.asarray(zero_point))}"
         reason = (f"{node.op} output range [{low:g}, {high:g}] is fixed: Q/DQ without data so the {node.op} and its "
@@ -208,7 +208,7 @@ class FixedRangeOutput(Rule):
                        {"scale": scale, "zero_point": zero_point, "max_error": scale})]
 
 
-def _fixed_range_nodes(ctx: CheckContext, ranges: Iterable[str]) -> list[gs.Node]:
+def _fixed_range_nodes(ctx: CheckContext, ranges: Iterable[str]) -> list[ir.Node]:
     """The ops QDQ805 reports: in `ranges`, every input dequantized, no Q on the output."""
     return [
         node for node in ctx.graph.nodes
@@ -228,7 +228,7 @@ def quantized_without_data(ctx: CheckContext) -> set[int]:
     return folded_away(ctx) | fixed
 
 
-def _scale_type(ctx: CheckContext, node: gs.Node) -> np.dtype:
+def _scale_type(ctx: CheckContext, node: ir.Node) -> np.dtype:
     """The float type of the op's dequantized inputs, so the new DQ writes what the consumers read."""
     for tensor in node.inputs:
         dequantize = ctx.index.dequantize_feeding(tensor) if tensor is not None else None

@@ -14,8 +14,8 @@ from dataclasses import dataclass
 from typing import Iterable
 
 import numpy as np
-import onnx_graphsurgeon as gs
 
+from qdq import ir
 from qdq.checks.float_by_design import FLOAT_BY_DESIGN_PARAMETERS, float_by_design, reads_float_by_design
 from qdq.checks.node_units import DEFERRED_PARAMETERS, quantized_without_data
 from qdq.errors import RuleSetError
@@ -37,7 +37,7 @@ from qdq.rule import Change, CheckContext, Finding, FixContext, FixSafety, Rule,
 _RESIDUAL_PARAMETERS = {"ops": ["Add"], "fusible": [], "absorbed": [], "activations": []}
 
 
-def is_quantized(index: QuantIndex, tensor: gs.Tensor, transparent: Iterable[str]) -> bool:
+def is_quantized(index: QuantIndex, tensor: ir.Tensor, transparent: Iterable[str]) -> bool:
     """Whether the target reads this tensor as integers: made by a DQ, or from DQs by ops it moves DQs through."""
     transparent = set(transparent)
     while True:
@@ -53,11 +53,11 @@ def is_quantized(index: QuantIndex, tensor: gs.Tensor, transparent: Iterable[str
         tensor = producer.inputs[0]
 
 
-def _constant(tensor: gs.Tensor | None) -> bool:
+def _constant(tensor: ir.Tensor | None) -> bool:
     return tensor is not None and resolve_constant(tensor) is not None
 
 
-def _quantize_activation(ctx: FixContext, consumer: gs.Node, slot: int, code: str, why: str) -> list[Change]:
+def _quantize_activation(ctx: FixContext, consumer: ir.Node, slot: int, code: str, why: str) -> list[Change]:
     """Give input `slot` of `consumer` a Q/DQ: the tensor's existing Q, else one from calibration data."""
     tensor = consumer.inputs[slot]
     measured = existing_quantize(tensor) is None
@@ -127,7 +127,7 @@ class FloatInput(Rule):
                     continue  # shapes, sizes and constant operands are not the op's data
                 if is_quantized(ctx.index, tensor, ctx.params["transparent"]):
                     continue
-                weight = slot == WEIGHT_INPUT.get(node.op) and isinstance(tensor, gs.Constant)
+                weight = slot == WEIGHT_INPUT.get(node.op) and isinstance(tensor, ir.Constant)
                 if slot == WEIGHT_INPUT.get(node.op) and _constant(tensor) and not weight:
                     fixable, how = False, " (a weight behind Identity/Cast: fold it first)"
                 elif weight:
@@ -146,7 +146,7 @@ class FloatInput(Rule):
         return _quantize_activation(ctx, node, slot, self.code, f"{node.op} input quantized so it runs in INT8")
 
 
-def _output_quantizes(ctx: CheckContext, node: gs.Node) -> list[str]:
+def _output_quantizes(ctx: CheckContext, node: ir.Node) -> list[str]:
     """The Qs that read the node's output, directly, after one activation (Relu, Clip) or through
     ops TensorRT moves Qs through (`transparent`): when the node writes float, each runs alone."""
     found: list[str] = []
@@ -162,7 +162,7 @@ def _output_quantizes(ctx: CheckContext, node: gs.Node) -> list[str]:
     return found
 
 
-def _writes_graph_output(index: QuantIndex, node: gs.Node) -> bool:
+def _writes_graph_output(index: QuantIndex, node: ir.Node) -> bool:
     return any(index.is_graph_output(t) for t in node.outputs)
 
 
@@ -171,9 +171,9 @@ class _Branch:
     """The fusible side of a residual Add: the weighted op, any Q/DQ pair between it and the Add,
     and the activation between them (None for a Conv+Add)."""
 
-    producer: gs.Node
-    quantize: gs.Node | None = None
-    activation: gs.Node | None = None
+    producer: ir.Node
+    quantize: ir.Node | None = None
+    activation: ir.Node | None = None
 
 
 class _ResidualRule(Rule):
@@ -182,7 +182,7 @@ class _ResidualRule(Rule):
     severity = Severity.WARNING
     fix_safety = FixSafety.APPROXIMATE
 
-    def residual_adds(self, ctx: CheckContext) -> Iterable[tuple[gs.Node, int, _Branch]]:
+    def residual_adds(self, ctx: CheckContext) -> Iterable[tuple[ir.Node, int, _Branch]]:
         """Each residual Add with the slot of its conv branch (the deeper one when both qualify)."""
         depth = _depths(ctx.graph)
         for node in ctx.graph.nodes:
@@ -196,7 +196,7 @@ class _ResidualRule(Rule):
             yield node, slot, branches[slot]
 
 
-def _fused_branch(ctx: CheckContext, tensor: gs.Tensor) -> _Branch | None:
+def _fused_branch(ctx: CheckContext, tensor: ir.Tensor) -> _Branch | None:
     """The weighted op this Add input comes from, if TensorRT can fuse the Add into it.
 
     Walks back through one Q/DQ pair that serves only this edge, one activation of the conv
@@ -223,7 +223,7 @@ def _fused_branch(ctx: CheckContext, tensor: gs.Tensor) -> _Branch | None:
     return _Branch(node, quantize, activation)
 
 
-def _activation_input(ctx: CheckContext, node: gs.Node) -> gs.Tensor | None:
+def _activation_input(ctx: CheckContext, node: ir.Node) -> ir.Tensor | None:
     """The tensor an activation of `activations` reads; a SiLU is Mul(x, Sigmoid(x)), read as x."""
     if node.op == "Mul" and "Sigmoid" in ctx.params["activations"]:
         for x, other in (node.inputs, node.inputs[::-1]):
@@ -235,7 +235,7 @@ def _activation_input(ctx: CheckContext, node: gs.Node) -> gs.Tensor | None:
     return node.inputs[0] if node.op in ctx.params["activations"] and node.inputs else None
 
 
-def _single_producer(index: QuantIndex, tensor: gs.Tensor) -> gs.Node | None:
+def _single_producer(index: QuantIndex, tensor: ir.Tensor) -> ir.Node | None:
     """The node making `tensor` (through pass-throughs) when `tensor` has no other use."""
     while True:
         if len(tensor.inputs) != 1 or len(tensor.outputs) != 1 or index.is_graph_output(tensor):
@@ -246,7 +246,7 @@ def _single_producer(index: QuantIndex, tensor: gs.Tensor) -> gs.Node | None:
         tensor = producer.inputs[0]
 
 
-def _depths(graph: gs.Graph) -> dict[int, int]:
+def _depths(graph: ir.Graph) -> dict[int, int]:
     """The longest path from the graph inputs to each node (nodes are in topological order)."""
     depth: dict[int, int] = {}
     for node in graph.nodes:
@@ -332,7 +332,7 @@ class QdqInFusedBranch(_ResidualRule):
                        f"removed {quantize.name} and its DQ so the Conv and the Add fuse")]
 
 
-def _before_qdq(tensor: gs.Tensor) -> tuple[gs.Tensor, gs.Node | None]:
+def _before_qdq(tensor: ir.Tensor) -> tuple[ir.Tensor, ir.Node | None]:
     """The tensor a Q→DQ pair making `tensor` reads, and that Q (else `tensor` itself and None)."""
     dequantize = tensor.inputs[0] if len(tensor.inputs) == 1 else None
     if dequantize is None or dequantize.op != DEQUANTIZE or len(dequantize.inputs[0].inputs) != 1:
@@ -341,7 +341,7 @@ def _before_qdq(tensor: gs.Tensor) -> tuple[gs.Tensor, gs.Node | None]:
     return (quantize.inputs[0], quantize) if quantize.op == QUANTIZE else (tensor, None)
 
 
-def _conv_output(ctx: CheckContext, tensor: gs.Tensor) -> gs.Node | None:
+def _conv_output(ctx: CheckContext, tensor: ir.Tensor) -> ir.Node | None:
     """The `fusible` op making `tensor`, through `absorbed` ops (BatchNormalization)."""
     node = tensor.inputs[0] if len(tensor.inputs) == 1 else None
     while node is not None and node.op in ctx.params["absorbed"]:
@@ -349,7 +349,7 @@ def _conv_output(ctx: CheckContext, tensor: gs.Tensor) -> gs.Node | None:
     return node if node is not None and node.op in ctx.params["fusible"] else None
 
 
-def _activation_reads(ctx: CheckContext, node: gs.Node) -> Iterable[tuple[int, gs.Tensor, gs.Node, gs.Node]]:
+def _activation_reads(ctx: CheckContext, node: ir.Node) -> Iterable[tuple[int, ir.Tensor, ir.Node, ir.Node]]:
     """(slot, float tensor, Q, conv) for each input of a conv's activation that goes through a Q/DQ:
     the activation's input, and in a SiLU both the Mul's x and its Sigmoid output."""
     if node.op in ctx.params["activations"] and node.inputs:
@@ -439,9 +439,9 @@ class UnsharedActivatedResidual(_ResidualRule):
         node, slot, residual = finding.subject
         tensor = _before_qdq(node.inputs[slot])[0]
         zero_point = residual.inputs[2] if len(residual.inputs) > 2 else None
-        dtype = zero_point.values.dtype if isinstance(zero_point, gs.Constant) else np.uint8  # ONNX's default
-        out = gs.Variable(ctx.new_name(f"{tensor.name}_quantized"), dtype=dtype, shape=tensor.shape)
-        quantize = gs.Node(QUANTIZE, ctx.new_name(f"{tensor.name}_QuantizeLinear"),
+        dtype = zero_point.values.dtype if isinstance(zero_point, ir.Constant) else np.uint8  # ONNX's default
+        out = ir.Variable(ctx.new_name(f"{tensor.name}_quantized"), dtype=dtype, shape=tensor.shape)
+        quantize = ir.Node(QUANTIZE, ctx.new_name(f"{tensor.name}_QuantizeLinear"),
                            inputs=[tensor, *residual.inputs[1:]], outputs=[out])
         ctx.edits.add_node(quantize)
         reason = "quantized with the residual's scale, as NVIDIA's yolov7 QAT rules do"
@@ -455,8 +455,8 @@ def _residual_mode(ctx: CheckContext) -> str:
     return mode
 
 
-def _same_params(quantize: gs.Node, dequantize: gs.Node) -> bool:
+def _same_params(quantize: ir.Node, dequantize: ir.Node) -> bool:
     """Whether a Q and a DQ use equal constant scales and zero-points."""
     pairs = zip(quantize.inputs[1:3], dequantize.inputs[1:3])
-    return all(isinstance(a, gs.Constant) and isinstance(b, gs.Constant) and np.array_equal(a.values, b.values)
+    return all(isinstance(a, ir.Constant) and isinstance(b, ir.Constant) and np.array_equal(a.values, b.values)
                for a, b in pairs) and len(quantize.inputs) == len(dequantize.inputs)

@@ -11,8 +11,8 @@ from __future__ import annotations
 from typing import Iterable
 
 import numpy as np
-import onnx_graphsurgeon as gs
 
+from qdq import ir
 from qdq.dtypes import QuantType
 from qdq.ops import DEQUANTIZE
 from qdq.quant_index import PER_TENSOR, QTensor, resolve_constant, source_values
@@ -20,7 +20,7 @@ from qdq.requantize import set_params
 from qdq.rule import Change, CheckContext, Finding, FixContext, FixSafety, Rule, Severity, register
 
 
-def clip_bounds(ctx: CheckContext, clip: gs.Node) -> tuple[float | None, float | None]:
+def clip_bounds(ctx: CheckContext, clip: ir.Node) -> tuple[float | None, float | None]:
     """A Clip's (min, max): ∓inf for a bound it does not set, None for one computed at run time."""
     bounds: list[float | None] = []
     for slot, attribute, unset in ((1, "min", -np.inf), (2, "max", np.inf)):
@@ -117,11 +117,11 @@ class ReducedRangeQuantizer(Rule):
         return changes
 
 
-def _clip_tree(ctx: CheckContext, clip: gs.Node) -> tuple[list[gs.Node], list[QTensor | None]]:
+def _clip_tree(ctx: CheckContext, clip: ir.Node) -> tuple[list[ir.Node], list[QTensor | None]]:
     """The Clip, the Clips that read its integers (removing a no-op DQ → Q between two PyTorch
     quantizers leaves `Clip → Clip`), and the value of each DQ that reads any of them (None for a
     reader that is neither)."""
-    clips: list[gs.Node] = []
+    clips: list[ir.Node] = []
     values: list[QTensor | None] = []
     pending = [clip]
     while pending:
@@ -137,7 +137,7 @@ def _clip_tree(ctx: CheckContext, clip: gs.Node) -> tuple[list[gs.Node], list[QT
     return clips, values
 
 
-def _integer_range(ctx: CheckContext, clips: list[gs.Node], qtype: QuantType) -> tuple[float | None, float | None]:
+def _integer_range(ctx: CheckContext, clips: list[ir.Node], qtype: QuantType) -> tuple[float | None, float | None]:
     """The integers a chain of Clips lets through, within the type."""
     low, high = float(qtype.qmin), float(qtype.qmax)
     for clip in clips:

@@ -14,8 +14,7 @@ from __future__ import annotations
 
 from typing import Iterable
 
-import onnx_graphsurgeon as gs
-
+from qdq import ir
 from qdq.errors import RuleSetError
 from qdq.operands import BIAS_INPUT, WEIGHT_INPUT, input_value, output_value, pos_of
 from qdq.quant_index import QTensor
@@ -33,14 +32,14 @@ class _ShiftRule(Rule):
     severity = Severity.ERROR
     fix_safety = FixSafety.APPROXIMATE
 
-    def output(self, ctx: CheckContext, node: gs.Node) -> QTensor | None:
+    def output(self, ctx: CheckContext, node: ir.Node) -> QTensor | None:
         return output_value(ctx.index, node, ctx.params["output_through"], ctx.params["output_through_mul"])
 
-    def nodes(self, ctx: CheckContext) -> Iterable[gs.Node]:
+    def nodes(self, ctx: CheckContext) -> Iterable[ir.Node]:
         ops = set(ctx.params["ops"])
         return [n for n in ctx.graph.nodes if n.op in ops]
 
-    def move(self, ctx: FixContext, qt: QTensor, pos: int, node: gs.Node, why: str) -> list[Change]:
+    def move(self, ctx: FixContext, qt: QTensor, pos: int, node: ir.Node, why: str) -> list[Change]:
         return set_params(ctx, qt, 2.0**-pos, self.code, f"{node.name}: {why}")
 
     def check(self, ctx: CheckContext) -> Iterable[Finding]:
@@ -54,10 +53,10 @@ class _ShiftRule(Rule):
         # Recomputed from the graph as it is now: an earlier fix may have moved these positions.
         return self.repair(ctx, finding.subject) if self.violation(ctx, finding.subject) else []
 
-    def violation(self, ctx: CheckContext, node: gs.Node) -> tuple[list, dict] | None:
+    def violation(self, ctx: CheckContext, node: ir.Node) -> tuple[list, dict] | None:
         raise NotImplementedError
 
-    def repair(self, ctx: FixContext, node: gs.Node) -> list[Change]:
+    def repair(self, ctx: FixContext, node: ir.Node) -> list[Change]:
         raise NotImplementedError
 
 
@@ -65,7 +64,7 @@ def _clamp(value: int, low: int, high: int) -> int:
     return max(low, min(high, value))
 
 
-def _positions(ctx: CheckContext, node: gs.Node) -> list[tuple[QTensor, int]] | None:
+def _positions(ctx: CheckContext, node: ir.Node) -> list[tuple[QTensor, int]] | None:
     """(value, pos) of every input; None when an input is not a power-of-two quantized value."""
     found = []
     for i in range(len(node.inputs)):
@@ -316,7 +315,7 @@ class ShiftBias(_Weighted):
         return self.move(ctx, bias, new, node, f"bias pos {bpos} → {new} (shift_bias in [{low}, {high}])")
 
 
-def _qualifying_hard_sigmoid(node: gs.Node, alpha: float) -> bool:
+def _qualifying_hard_sigmoid(node: ir.Node, alpha: float) -> bool:
     """The HardSigmoid the DPU implements: alpha = 1/6 and beta 0.5 (ONNX's default alpha is 0.2)."""
     return (
         node.op == "HardSigmoid"
@@ -409,7 +408,7 @@ class SwishShift(_OutputShift):
         return sum(positions)
 
 
-def _is_swish(ctx: CheckContext, mul: gs.Node, alpha: float) -> bool:
+def _is_swish(ctx: CheckContext, mul: ir.Node, alpha: float) -> bool:
     """x · HardSigmoid(x), seen through the Q/DQ around both operands."""
     sources = [_float_source(ctx, t) for t in mul.inputs]
     if len(sources) != 2:
@@ -422,7 +421,7 @@ def _is_swish(ctx: CheckContext, mul: gs.Node, alpha: float) -> bool:
     return False
 
 
-def _float_source(ctx: CheckContext, tensor: gs.Tensor) -> gs.Tensor:
+def _float_source(ctx: CheckContext, tensor: ir.Tensor) -> ir.Tensor:
     """The float tensor a value was quantized from, looking back through DQ → Q; else itself."""
     dq = ctx.index.dequantize_feeding(tensor)
     qt = ctx.index.qtensor_of(dq) if dq is not None else None

@@ -1,0 +1,102 @@
+"""qdq's graph layer against onnx-graphsurgeon's: reading a model, tidying it, writing it back.
+
+    python benchmarks/graph_layer.py [--sizes 10000,100000] [--repeats 3] [--json FILE]
+
+qdq holds graphs in its own representation (`qdq.ir`); it used graphsurgeon's objects before.
+For each size, a ladder model of `scale_models.py` is fixed for the NPU (the engine's fix,
+without verification) and written to a ModelProto. Then, taking turns, each library reads that
+proto into its graph (`qdq.graph_import.import_graph` / `gs.import_onnx`), drops dead nodes and
+sorts (`qdq.graph_tidy.tidy` / `cleanup().toposort()`) and writes a ModelProto again
+(`qdq.graph_export.export_model`, which reuses the read protobuf where nothing changed /
+`gs.export_onnx`), each step timed with the garbage collector paused, as qdq runs them. Prints
+JSON per size: nodes, changes, and per step the median seconds of each and their ratio.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+import onnx
+import onnx_graphsurgeon as gs
+from scale_models import ladder
+
+from qdq.fix import fix
+from qdq.graph_export import export_model
+from qdq.graph_import import import_graph
+from qdq.graph_tidy import tidy
+from qdq.model import gc_paused, load_model, to_proto
+from qdq.ruleset import load_target
+
+STEPS = ("read", "tidy", "write")
+
+
+def qdq_steps(proto: onnx.ModelProto) -> dict[str, float]:
+    times = {}
+    start = time.perf_counter()
+    graph = import_graph(proto)
+    times["read"] = time.perf_counter() - start
+    start = time.perf_counter()
+    tidy(graph)
+    times["tidy"] = time.perf_counter() - start
+    start = time.perf_counter()
+    export_model(graph, proto)
+    times["write"] = time.perf_counter() - start
+    return times
+
+
+def graphsurgeon_steps(proto: onnx.ModelProto) -> dict[str, float]:
+    times = {}
+    start = time.perf_counter()
+    graph = gs.import_onnx(proto)
+    times["read"] = time.perf_counter() - start
+    start = time.perf_counter()
+    graph.cleanup().toposort()
+    times["tidy"] = time.perf_counter() - start
+    start = time.perf_counter()
+    gs.export_onnx(graph)
+    times["write"] = time.perf_counter() - start
+    return times
+
+
+LIBRARIES = {"qdq": qdq_steps, "graphsurgeon": graphsurgeon_steps}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--sizes", default="10000,100000", help="node counts, comma-separated")
+    parser.add_argument("--repeats", type=int, default=3, help="timed runs of each library (default: 3)")
+    parser.add_argument("--json", type=Path, metavar="FILE", help="also write the results as JSON")
+    args = parser.parse_args(argv)
+    results = []
+    for size in (int(s) for s in args.sizes.split(",")):
+        with tempfile.TemporaryDirectory(prefix="qdq-graph-") as folder:
+            path = Path(folder) / f"ladder_{size}.onnx"
+            onnx.save(ladder(size), str(path))
+            model = load_model(path)
+            changes = len(fix(model, load_target("npu")).changes)
+            proto = to_proto(model)
+        seconds: dict[str, dict[str, list[float]]] = {name: {step: [] for step in STEPS} for name in LIBRARIES}
+        for _ in range(args.repeats):
+            for name, steps in LIBRARIES.items():
+                with gc_paused():
+                    for step, took in steps(proto).items():
+                        seconds[name][step].append(took)
+        row = {"nodes": len(proto.graph.node), "changes": changes}
+        for step in STEPS:
+            medians = {name: statistics.median(seconds[name][step]) for name in LIBRARIES}
+            row.update({f"{name}_{step}_s": round(median, 3) for name, median in medians.items()})
+            row[f"{step}_graphsurgeon_over_qdq"] = round(medians["graphsurgeon"] / medians["qdq"], 2)
+        print(json.dumps(row), flush=True)
+        results.append(row)
+    if args.json:
+        args.json.write_text(json.dumps(results, indent=2) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
