@@ -9,7 +9,8 @@ The library API mirrors the command line (docs/python-api.md):
     qdq.save_model(fixed.model, "model_npu.onnx")
 """
 
-from qdq import quiet  # noqa: F401  (third-party libraries print nothing from here on)
+import logging
+
 from qdq.api import fix, lint
 from qdq.fix import FixResult
 from qdq.lint import LintResult
@@ -17,6 +18,10 @@ from qdq.model import Model, load_model, save_model
 from qdq.ruleset import RuleSet, load_rules_file, load_target
 
 __version__ = "0.1.0"
+
+# As a library should: qdq's warnings go where the application sends them, not to Python's
+# last-resort handler.
+logging.getLogger("qdq").addHandler(logging.NullHandler())
 
 __all__ = [
     "FixResult", "LintResult", "Model", "RuleSet", "__version__",

@@ -13,7 +13,7 @@ import sys
 import traceback
 from contextlib import suppress
 
-from qdq import __version__, progress, quiet
+from qdq import __version__, progress
 from qdq.commands import COMMANDS
 from qdq.commands.args import setup_logging
 from qdq.errors import QdqError
@@ -51,7 +51,6 @@ def main(argv: list[str] | None = None) -> int:
         sys.stderr.write(f"qdq: error: no command given (choose from {commands}; see `qdq --help`)\n")
         return EXIT_USAGE
     setup_logging(args)
-    quiet.show_library_logs(args.verbose >= 2)
     try:
         with progress.shown(sys.stderr, enabled=not args.quiet):
             return args.run(args)

@@ -7,6 +7,9 @@ source with `ast`, so the test sees what a reader sees, not what happens to be i
 from __future__ import annotations
 
 import ast
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parent.parent / "qdq"
@@ -72,3 +75,23 @@ def test_qdq_imports_form_no_circle():
     graph = {name: imports(name, path, known) for name, path in known.items()}
     assert len(graph) > 50 and graph["qdq.registry"] >= {"qdq.checks", "qdq.rule"}
     assert find_circle(graph) is None
+
+
+def test_qdq_works_without_onnx_graphsurgeon(tmp_path):
+    """qdq's graph is its own (`qdq.ir`): linting, fixing and saving never import graphsurgeon,
+    whose internals an older importer used. The test models are built with it, so a fresh
+    interpreter runs the check."""
+    repo = Path(__file__).resolve().parent.parent
+    script = (
+        "import sys, logging\n"
+        "logging.disable(logging.CRITICAL)\n"
+        "import qdq, qdq.cli\n"
+        f"model = {str(repo / 'examples' / 'models' / 'demo_fx_qat.onnx')!r}\n"
+        "assert qdq.lint(model, target='npu').findings\n"
+        "fixed = qdq.fix(model, target='npu')\n"
+        f"qdq.save_model(fixed.model, {str(tmp_path / 'out.onnx')!r})\n"
+        "assert 'onnx_graphsurgeon' not in sys.modules, 'imported'\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "PYTHONPATH": str(repo)})
+    assert proc.returncode == 0, proc.stderr
