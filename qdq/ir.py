@@ -48,8 +48,7 @@ class Edges(list):
 
     __slots__ = ("owner", "mirror")
 
-    def __init__(self, owner: object, mirror: str):
-        super().__init__()
+    def __init__(self, owner: object, mirror: str):  # a new list is empty: no list.__init__ needed
         self.owner = owner
         self.mirror = mirror
 
@@ -69,8 +68,11 @@ class Edges(list):
         self._link(item)
 
     def extend(self, items: Iterable) -> None:
+        items = list(items)
+        list.extend(self, items)
+        owner, mirror = self.owner, self.mirror
         for item in items:
-            self.append(item)
+            list.append(getattr(item, mirror), owner)
 
     def __iadd__(self, items: Iterable) -> Edges:
         self.extend(items)

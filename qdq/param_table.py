@@ -196,8 +196,8 @@ def _stored(source: ConstantSource | None, types: dict) -> tuple[TensorProto, st
     inline and what the Q/DQ reads (no Cast on the way)."""
     if source is None or (source.via and any(node.op == "Cast" for node in source.via)):
         return None
-    proto = getattr(source.constant, "proto", None)  # a StoredConstant's, until a fix sets its values
-    known = types.get(proto.data_type) if proto is not None and proto.data_location != EXTERNAL else None
+    proto = source.constant.proto  # the values as read, until a fix sets them
+    known = types.get(proto.data_type) if isinstance(proto, TensorProto) and proto.data_location != EXTERNAL else None
     if known is None:
         return None
     dtype, typed = known

@@ -110,6 +110,43 @@ def test_a_read_of_a_later_value_is_out_of_order(reader):
     assert not _sort_nodes(graph)
 
 
+def test_a_fix_reaches_the_readers_inside_subgraphs(tmp_path):
+    """x is quantized twice alike; only the branches of an If read the second Q's output (as exporters
+    write control flow). QDQ104 points those readers at the first Q: the written model names it
+    inside both branches, checks, runs, and verification finds the outputs unchanged."""
+    def branch(name: str, op: str) -> onnx.GraphProto:
+        nodes = [helper.make_node("DequantizeLinear", ["x_q2", "s", "zp"], [f"{name}_dq"], name=f"{name}_dequantize"),
+                 helper.make_node(op, [f"{name}_dq"], [f"{name}_out"], name=f"{name}_op")]
+        return helper.make_graph(nodes, name, [], [helper.make_tensor_value_info(f"{name}_out", TensorProto.FLOAT, [4])])
+
+    nodes = [
+        helper.make_node("QuantizeLinear", ["x", "s", "zp"], ["x_q1"], name="q1"),
+        helper.make_node("QuantizeLinear", ["x", "s", "zp"], ["x_q2"], name="q2"),
+        helper.make_node("DequantizeLinear", ["x_q1", "s", "zp"], ["x_dq1"], name="dq1"),
+        helper.make_node("Relu", ["x_dq1"], ["y"], name="relu"),
+        helper.make_node("If", ["c"], ["z"], name="if", then_branch=branch("then", "Relu"),
+                         else_branch=branch("else", "Neg")),
+    ]
+    graph = helper.make_graph(
+        nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [4]),
+                     helper.make_tensor_value_info("c", TensorProto.BOOL, [])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [4]), helper.make_tensor_value_info("z", TensorProto.FLOAT, [4])],
+        [numpy_helper.from_array(np.array(0.1, np.float32), "s"), numpy_helper.from_array(np.array(0, np.int8), "zp")])
+    path = save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8), tmp_path / "if.onnx")
+    out = tmp_path / "out.onnx"
+    code, report = qdq_json("fix", path, "--target", "ort", "-o", out)
+    assert code in (0, 1) and "QDQ104" in {change["code"] for change in report["changes"]}
+    onnx.checker.check_model(str(out), full_check=True)
+    written = onnx.load(str(out))
+    branches = [a.g for node in written.graph.node if node.op_type == "If" for a in node.attribute]
+    assert [[n.input[0] for n in b.node if n.op_type == "DequantizeLinear"] for b in branches] == [["x_q1"], ["x_q1"]]
+    assert "q2" not in {n.name for n in written.graph.node}
+    feeds = {"x": np.array([-1.0, 0.05, 0.5, 3.0], np.float32)}
+    for c in (True, False):
+        before, after = (run_ort(p, {**feeds, "c": np.array(c)}) for p in (path, out))
+        assert all(np.array_equal(a, b) for a, b in zip(before, after))
+
+
 def test_untyped_value_info_and_shapeless_output_are_tolerated(tmp_path):
     model = conv_model(int8_weight(), np.full(4, 0.01))
     model.graph.value_info.append(onnx.ValueInfoProto(name="x_dq"))
