@@ -391,8 +391,12 @@ def _is_external(tensor: TensorProto) -> bool:
 
 
 def _all_tensor_protos(graph: onnx.GraphProto) -> Iterator[TensorProto]:
-    """Every TensorProto in a graph: initializers, Constant attributes, and those of subgraphs."""
+    """Every TensorProto in a graph: initializers (sparse ones' values and indices too), Constant
+    attributes, and those of subgraphs."""
     yield from graph.initializer
+    for sparse in graph.sparse_initializer:
+        yield sparse.values
+        yield sparse.indices
     for node in graph.node:
         for attr in node.attribute:
             if attr.HasField("t"):

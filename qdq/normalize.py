@@ -37,7 +37,7 @@ def _sort_nodes(graph: onnx.GraphProto) -> bool:
     A graph with a cycle or an input no node produces cannot be sorted and stays as it is.
     """
     available = {value.name for value in graph.input} | {t.name for t in graph.initializer} | {""}
-    available |= {t.name for t in graph.sparse_initializer}
+    available |= {t.values.name for t in graph.sparse_initializer}
     produced = {name for node in graph.node for name in node.output}
     # In order when no node reads a value a later node produces: `pending` is what is still to come.
     # Only nodes with attributes can have subgraphs, whose outer reads `_reads` collects.

@@ -147,6 +147,79 @@ def test_a_fix_reaches_the_readers_inside_subgraphs(tmp_path):
         assert all(np.array_equal(a, b) for a, b in zip(before, after))
 
 
+def _qdq_around(middle: onnx.NodeProto, **model_fields) -> onnx.ModelProto:
+    """x → Q/DQ → `middle` (reads x_dq, writes m) → Q/DQ → y, int8, scales 0.05 and 0.1."""
+    nodes = [helper.make_node("QuantizeLinear", ["x", "s", "zp"], ["x_q"], name="q_in"),
+             helper.make_node("DequantizeLinear", ["x_q", "s", "zp"], ["x_dq"], name="dq_in"), middle,
+             helper.make_node("QuantizeLinear", ["m", "s2", "zp"], ["m_q"], name="q_out"),
+             helper.make_node("DequantizeLinear", ["m_q", "s2", "zp"], ["y"], name="dq_out")]
+    initializers = [numpy_helper.from_array(np.array(0.05, np.float32), "s"),
+                    numpy_helper.from_array(np.array(0.1, np.float32), "s2"), numpy_helper.from_array(np.array(0, np.int8), "zp")]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4])], initializers,
+                              sparse_initializer=model_fields.pop("sparse_initializer", []))
+    return helper.make_model(graph, ir_version=8, **model_fields)
+
+
+def _local_function_model() -> onnx.ModelProto:
+    """A node calling a model-local function, as torch.onnx.export(export_modules_as_functions=...) writes."""
+    relu = helper.make_function("local", "MyRelu", ["a"], ["b"], [helper.make_node("Relu", ["a"], ["b"])],
+                                [helper.make_opsetid("", 17)])
+    return _qdq_around(helper.make_node("MyRelu", ["x_dq"], ["m"], name="call", domain="local"), functions=[relu],
+                       opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("local", 1)])
+
+
+def _sparse_initializer_model() -> onnx.ModelProto:
+    """An Add whose constant operand is a sparse initializer (onnxruntime densifies it on load)."""
+    sparse = helper.make_sparse_tensor(numpy_helper.from_array(np.array([1.5, -2.0], np.float32), "bias"),
+                                       numpy_helper.from_array(np.array([1, 3], np.int64), "bias_indices"), [1, 4])
+    return _qdq_around(helper.make_node("Add", ["x_dq", "bias"], ["m"], name="add"), sparse_initializer=[sparse],
+                       opset_imports=[helper.make_opsetid("", 17)])
+
+
+@pytest.mark.parametrize("target", ["npu", "trt", "ort"])
+@pytest.mark.parametrize("build", [_local_function_model, _sparse_initializer_model], ids=["function", "sparse"])
+def test_local_functions_and_sparse_initializers_are_read_and_kept(tmp_path, build, target):
+    """Both read as onnxruntime reads them: fixed for every target, verified, and written with the
+    function and the sparse initializer as they were. (Reading a sparse initializer's name once
+    failed with an AttributeError.)"""
+    path = save(build(), tmp_path / "m.onnx")
+    feeds = {"x": np.linspace(-1, 1, 4, dtype=np.float32).reshape(1, 4)}
+    run_ort(path, feeds)
+    out = tmp_path / "out.onnx"
+    code, report = qdq_json("fix", path, "--target", target, "-o", out)
+    assert code == 0 and report["changes"] and report["verification"]["passed"]
+    written, source = onnx.load(str(out)), onnx.load(str(path))
+    assert list(written.functions) == list(source.functions)
+    assert list(written.graph.sparse_initializer) == list(source.graph.sparse_initializer)
+    onnx.checker.check_model(written, full_check=not source.graph.sparse_initializer)
+    run_ort(out, feeds)
+
+
+def test_a_sparse_initializer_with_external_values_keeps_them_in_the_outputs_data_file(tmp_path):
+    """The output's data file holds every byte its external tensors reference, a sparse
+    initializer's values included: written to another folder, it needs nothing from the input's."""
+    model = _sparse_initializer_model()
+    values = model.graph.sparse_initializer[0].values
+    raw = numpy_helper.to_array(values).tobytes()
+    (tmp_path / "in").mkdir()
+    (tmp_path / "in" / "bias.data").write_bytes(raw)
+    values.ClearField("float_data")
+    values.data_location = TensorProto.EXTERNAL
+    for key, value in (("location", "bias.data"), ("offset", "0"), ("length", str(len(raw)))):
+        entry = values.external_data.add()
+        entry.key, entry.value = key, value
+    path = save(model, tmp_path / "in" / "m.onnx")
+    feeds = {"x": np.linspace(-1, 1, 4, dtype=np.float32).reshape(1, 4)}
+    run_ort(path, feeds)
+    (tmp_path / "out").mkdir()
+    out = tmp_path / "out" / "m.onnx"
+    assert cli.main(["fix", str(path), "--target", "npu", "-o", str(out)]) == 0
+    written = onnx.load(str(out), load_external_data=False).graph.sparse_initializer[0].values
+    assert {e.key: e.value for e in written.external_data}["location"] == "m.data"
+    run_ort(out, feeds)
+
+
 def test_untyped_value_info_and_shapeless_output_are_tolerated(tmp_path):
     model = conv_model(int8_weight(), np.full(4, 0.01))
     model.graph.value_info.append(onnx.ValueInfoProto(name="x_dq"))
