@@ -39,13 +39,15 @@ class ParamColumn:
     """One parameter of every row: its values (float64, read-only, rows back to back) and per-row bounds.
 
     `low` and `high` are a row's smallest and largest value (NaN when a value is NaN, or when the
-    row is not decoded); `decoded` says which rows the column holds.
+    row is not decoded), `ndim` its number of dimensions (-1 when not decoded); `decoded` says
+    which rows the column holds.
     """
 
     def __init__(self, rows: int):
         self.values = np.zeros(0)
         self.start = np.full(rows, -1, dtype=np.int64)
         self.size = np.zeros(rows, dtype=np.int64)
+        self.ndim = np.full(rows, -1, dtype=np.int64)
         self.low = np.full(rows, np.nan)
         self.high = np.full(rows, np.nan)
 
@@ -71,6 +73,7 @@ class ParamColumn:
                 rows, data = groups.setdefault((found[0].data_type, found[1]), ([], []))
                 rows.append(row)
                 data.append(found[2])
+                self.ndim[row] = len(found[0].dims)
         parts, offset = [], 0
         for (data_type, field), (rows, data) in groups.items():
             dtype = types[data_type][0]
@@ -103,7 +106,8 @@ class ParamColumn:
         if row == self.start.size:
             self.start, self.size = np.append(self.start, -1), np.append(self.size, 0)
             self.low, self.high = np.append(self.low, np.nan), np.append(self.high, np.nan)
-        self.start[row], self.size[row], self.low[row], self.high[row] = -1, 0, np.nan, np.nan
+            self.ndim = np.append(self.ndim, -1)
+        self.start[row], self.size[row], self.low[row], self.high[row], self.ndim[row] = -1, 0, np.nan, np.nan, -1
 
 
 class ParamTable:
@@ -158,6 +162,14 @@ class ParamTable:
             if found is not None:
                 column[self.elem_type == onnx_type] = found
         return column
+
+    def plain_shapes(self) -> np.ndarray:
+        """Per row: True when the scale is a decoded scalar or 1-D vector, not blocked, and the
+        zero-point is absent (or not a constant) or decoded with the scale's shape."""
+        scale, zero_point = self.scale, self.zero_point
+        without_zero_point = np.fromiter((p.zero_point_source is None for p in self.rows), dtype=bool, count=len(self.rows))
+        same_shape = (zero_point.ndim == scale.ndim) & (zero_point.size == scale.size)
+        return (scale.ndim >= 0) & (scale.ndim <= 1) & (self.block_size == 0) & (without_zero_point | same_shape)
 
     def per_tensor(self) -> np.ndarray:
         """Per row: True when its decoded scale is one value and it is not blocked (granularity per-tensor)."""

@@ -18,7 +18,7 @@ from test_conformance import ENTRIES, Entry
 
 from qdq import ir, operands, pow2
 from qdq.checks import formats
-from qdq.checks.qparams import _scale_problem, _zero_point_problem
+from qdq.checks.qparams import _scale_problem, _shape_problem, _zero_point_problem
 from qdq.errors import ModelLoadError
 from qdq.model import load_model
 from qdq.param_table import ParamColumn, ParamTable
@@ -94,7 +94,8 @@ def test_column_checks_report_what_row_checks_report(entry: Entry) -> None:
 
 @pytest.mark.parametrize("entry", ENTRIES, ids=lambda e: e.name)
 def test_rows_cleared_at_once_are_what_the_row_checks_say(entry: Entry) -> None:
-    """`per_tensor` rows have per-tensor granularity; `same_params` pairs are `same_values`-equal.
+    """`per_tensor` rows have per-tensor granularity; `plain_shapes` rows have no shape problem and
+    decoded rows the scale's rank; `same_params` pairs are `same_values`-equal.
 
     The pairs are every Q → DQ of a value (QDQ101's, nearly all equal) and every two neighbouring
     rows (mostly different), so a test that cleared too much would fail here.
@@ -103,6 +104,10 @@ def test_rows_cleared_at_once_are_what_the_row_checks_say(entry: Entry) -> None:
     table = index.table
     for row in np.flatnonzero(table.per_tensor()):
         assert table.rows[row].granularity == PER_TENSOR
+    for row in np.flatnonzero(table.plain_shapes()):
+        assert _shape_problem(table.rows[row]) is None
+    for row in np.flatnonzero(table.scale.decoded):
+        assert table.scale.ndim[row] == len(table.rows[row].scale_shape)
     pairs = [(table.row_of[id(qt.quantize)], table.row_of[id(dq)])
              for qt in index.qtensors if qt.quantize is not None for dq in qt.dequantizes]
     pairs += [(row, row + 1) for row in range(len(table.rows) - 1)]
@@ -158,7 +163,7 @@ def test_most_corpus_scales_are_read_from_the_columns() -> None:
 
 
 # The rules that look one by one only at rows a vectorised test did not clear.
-PRETESTED = ("QDQ003", "QDQ101", "QDQ501", "QDQ502", "QDQ503", "QDQ504", "QDQ506")
+PRETESTED = ("QDQ003", "QDQ004", "QDQ101", "QDQ501", "QDQ502", "QDQ503", "QDQ504", "QDQ506")
 
 
 @pytest.mark.parametrize("target", ["npu", "trt", "ort"])
@@ -180,6 +185,7 @@ def test_pretested_rules_report_what_they_report_looking_at_every_row(target: st
     every_value = formats._values
     monkeypatch.setattr(formats, "_values", lambda ctx, look=None: every_value(ctx))
     monkeypatch.setattr(ParamTable, "per_tensor", lambda self: np.zeros(len(self.rows), dtype=bool))
+    monkeypatch.setattr(ParamTable, "plain_shapes", lambda self: np.zeros(len(self.rows), dtype=bool))
     monkeypatch.setattr(ParamTable, "same_params", lambda self, a, b: np.zeros(len(a), dtype=bool))
     assert len(fast) > 50 and reported() == fast
 

@@ -209,7 +209,12 @@ class QParamShapeMismatch(Rule):
     severity = Severity.ERROR
 
     def check(self, ctx: CheckContext) -> Iterable[Finding]:
+        table = ctx.index.table
+        plain = table.plain_shapes()  # rows no test below can flag
         for p in ctx.index.all_params():
+            row = table.row_of.get(id(p.node))
+            if row is not None and plain[row]:
+                continue
             problem = _shape_problem(p)
             if problem:
                 yield self.finding(
