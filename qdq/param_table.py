@@ -167,9 +167,16 @@ class ParamTable:
         """Per row: True when the scale is a decoded scalar or 1-D vector, not blocked, and the
         zero-point is absent (or not a constant) or decoded with the scale's shape."""
         scale, zero_point = self.scale, self.zero_point
-        without_zero_point = np.fromiter((p.zero_point_source is None for p in self.rows), dtype=bool, count=len(self.rows))
         same_shape = (zero_point.ndim == scale.ndim) & (zero_point.size == scale.size)
-        return (scale.ndim >= 0) & (scale.ndim <= 1) & (self.block_size == 0) & (without_zero_point | same_shape)
+        return (scale.ndim >= 0) & (scale.ndim <= 1) & (self.block_size == 0) & (self._no_constant_zero_point() | same_shape)
+
+    def scalar_params(self) -> np.ndarray:
+        """Per row: True when the scale is a decoded 0-d value and the zero-point is absent (or not
+        a constant) or a decoded 0-d value too."""
+        return (self.scale.ndim == 0) & (self._no_constant_zero_point() | (self.zero_point.ndim == 0))
+
+    def _no_constant_zero_point(self) -> np.ndarray:
+        return np.fromiter((p.zero_point_source is None for p in self.rows), dtype=bool, count=len(self.rows))
 
     def per_tensor(self) -> np.ndarray:
         """Per row: True when its decoded scale is one value and it is not blocked (granularity per-tensor)."""

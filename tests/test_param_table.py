@@ -94,8 +94,9 @@ def test_column_checks_report_what_row_checks_report(entry: Entry) -> None:
 
 @pytest.mark.parametrize("entry", ENTRIES, ids=lambda e: e.name)
 def test_rows_cleared_at_once_are_what_the_row_checks_say(entry: Entry) -> None:
-    """`per_tensor` rows have per-tensor granularity; `plain_shapes` rows have no shape problem and
-    decoded rows the scale's rank; `same_params` pairs are `same_values`-equal.
+    """`per_tensor` rows have per-tensor granularity; `plain_shapes` rows have no shape problem,
+    `scalar_params` rows 0-d parameters, and decoded rows the scale's rank; `same_params` pairs are
+    `same_values`-equal.
 
     The pairs are every Q → DQ of a value (QDQ101's, nearly all equal) and every two neighbouring
     rows (mostly different), so a test that cleared too much would fail here.
@@ -106,6 +107,8 @@ def test_rows_cleared_at_once_are_what_the_row_checks_say(entry: Entry) -> None:
         assert table.rows[row].granularity == PER_TENSOR
     for row in np.flatnonzero(table.plain_shapes()):
         assert _shape_problem(table.rows[row]) is None
+    for row in np.flatnonzero(table.scalar_params()):
+        assert table.rows[row].scale_shape == () and table.rows[row].zero_point_shape in (None, ())
     for row in np.flatnonzero(table.scale.decoded):
         assert table.scale.ndim[row] == len(table.rows[row].scale_shape)
     pairs = [(table.row_of[id(qt.quantize)], table.row_of[id(dq)])
@@ -163,7 +166,7 @@ def test_most_corpus_scales_are_read_from_the_columns() -> None:
 
 
 # The rules that look one by one only at rows a vectorised test did not clear.
-PRETESTED = ("QDQ003", "QDQ004", "QDQ101", "QDQ501", "QDQ502", "QDQ503", "QDQ504", "QDQ506")
+PRETESTED = ("QDQ003", "QDQ004", "QDQ101", "QDQ201", "QDQ501", "QDQ502", "QDQ503", "QDQ504", "QDQ506")
 
 
 @pytest.mark.parametrize("target", ["npu", "trt", "ort"])
@@ -186,6 +189,7 @@ def test_pretested_rules_report_what_they_report_looking_at_every_row(target: st
     monkeypatch.setattr(formats, "_values", lambda ctx, look=None: every_value(ctx))
     monkeypatch.setattr(ParamTable, "per_tensor", lambda self: np.zeros(len(self.rows), dtype=bool))
     monkeypatch.setattr(ParamTable, "plain_shapes", lambda self: np.zeros(len(self.rows), dtype=bool))
+    monkeypatch.setattr(ParamTable, "scalar_params", lambda self: np.zeros(len(self.rows), dtype=bool))
     monkeypatch.setattr(ParamTable, "same_params", lambda self, a, b: np.zeros(len(a), dtype=bool))
     assert len(fast) > 50 and reported() == fast
 
