@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from itertools import chain
+from operator import itemgetter
 from typing import Iterable
 
 import numpy as np
@@ -372,6 +374,22 @@ class QuantIndex:
             qs = [c for c, _ in self.consumers_through(tensor) if self._is_indexed(c, QUANTIZE)]
             outputs.append([self.params(q) for q in qs])
         return NodeQuant(node, inputs, outputs)
+
+    def nodes_of(self, ops: Iterable[str]) -> list[ir.Node]:
+        """The graph's nodes whose op is one of `ops`, in graph order: what a check about those ops walks.
+
+        The graph is grouped by op once per index, not walked by every rule. The fix driver builds
+        a new index after any fix that adds or drops nodes, so a check never sees stale groups.
+        """
+        by_op = self.memo.get("nodes_by_op")
+        if by_op is None:
+            by_op = self.memo["nodes_by_op"] = {}
+            for position, node in enumerate(self.graph.nodes):
+                by_op.setdefault(node.op, []).append((position, node))
+        groups = [by_op[op] for op in set(ops) if op in by_op]
+        if len(groups) == 1:
+            return [node for _, node in groups[0]]
+        return [node for _, node in sorted(chain.from_iterable(groups), key=itemgetter(0))]
 
     def compute_nodes(self) -> list[ir.Node]:
         """Every node that is neither a Q/DQ nor an exporter pass-through or Constant."""

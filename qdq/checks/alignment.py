@@ -131,10 +131,7 @@ class ConcatScaleMismatch(_SharedScale):
     parameters = {"ops": ["Concat"], "prefer": "coarser", "output_through": [], "output_through_mul": []}
 
     def groups(self, ctx: CheckContext) -> Iterable[tuple[ir.Node, list[QTensor]]]:
-        ops = set(ctx.params["ops"])
-        for node in ctx.graph.nodes:
-            if node.op not in ops:
-                continue
+        for node in ctx.index.nodes_of(ctx.params["ops"]):
             output = output_value(ctx.index, node, ctx.params["output_through"], ctx.params["output_through_mul"])
             inputs = [input_value(ctx.index, node, i) for i in range(len(node.inputs))]
             members = _unique(inputs + [output])
@@ -167,10 +164,7 @@ class InOutScaleMismatch(_SharedScale):
     }
 
     def groups(self, ctx: CheckContext) -> Iterable[tuple[ir.Node, list[QTensor]]]:
-        ops = set(ctx.params["ops"])
-        for node in ctx.graph.nodes:
-            if node.op not in ops:
-                continue
+        for node in ctx.index.nodes_of(ctx.params["ops"]):
             source = input_value(ctx.index, node, 0)
             output = output_value(ctx.index, node, ctx.params["output_through"], ctx.params["output_through_mul"])
             if source is not None and output is not None and source is not output:

@@ -51,10 +51,7 @@ class BiasScaleMismatch(Rule):
                   "allow_per_axis": ["weight", "bias"]}
 
     def check(self, ctx: CheckContext) -> Iterable[Finding]:
-        ops = set(ctx.params["ops"])
-        for node in ctx.graph.nodes:
-            if node.op not in ops:
-                continue
+        for node in ctx.index.nodes_of(ctx.params["ops"]):
             bias = _bias(ctx.index, node)  # the bias first: many ops have none, or one of other types
             params = ctx.index.params(bias.nodes[0]) if bias is not None else None
             if params is None or params.dynamic or type_name(params.elem_type) not in ctx.params["types"]:
@@ -148,10 +145,7 @@ class FloatBias(Rule):
     parameters = {"ops": ["Conv", "ConvTranspose", "Gemm"]}
 
     def check(self, ctx: CheckContext) -> Iterable[Finding]:
-        ops = set(ctx.params["ops"])
-        for node in ctx.graph.nodes:
-            if node.op not in ops:
-                continue
+        for node in ctx.index.nodes_of(ctx.params["ops"]):
             slot = BIAS_INPUT[node.op]
             if slot >= len(node.inputs) or node.inputs[slot].name == "":
                 continue
@@ -219,8 +213,8 @@ class QuantizedBias(Rule):
 
     def check(self, ctx: CheckContext) -> Iterable[Finding]:
         slots_of = ctx.params["inputs"]
-        for node in ctx.graph.nodes:
-            for slot in slots_of.get(node.op, []):
+        for node in ctx.index.nodes_of(slots_of):
+            for slot in slots_of[node.op]:
                 if input_value(ctx.index, node, slot) is None:
                     continue
                 tensor = node.inputs[slot]

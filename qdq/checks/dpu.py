@@ -91,8 +91,8 @@ class LeakyReluSlope(Rule):
 
     def check(self, ctx: CheckContext) -> Iterable[Finding]:
         denominator = _positive_int(ctx, self.code, "slope_denominator")
-        for node in ctx.graph.nodes:
-            if node.op != "LeakyRelu" or node.domain not in (None, "", "ai.onnx"):
+        for node in ctx.index.nodes_of(["LeakyRelu"]):
+            if node.domain not in (None, "", "ai.onnx"):
                 continue
             alpha = float(node.attrs.get("alpha", 0.01))
             if not np.isfinite(alpha):
@@ -223,8 +223,8 @@ class AvgPoolDpuMultiplier(Rule):
         if any(len(row) != 3 for row in table):
             raise RuleSetError(f"{self.code}.table rows must be [area, k, n], got {table}")
         shapes = _InferredShapes(ctx)
-        for node in ctx.graph.nodes:
-            if node.op not in ops or node.domain not in (None, "", "ai.onnx") or not node.outputs:
+        for node in ctx.index.nodes_of(ops):
+            if node.domain not in (None, "", "ai.onnx") or not node.outputs:
                 continue
             kernel = _kernel_of(node, shapes)
             if kernel is None or max(kernel) > max_kernel:

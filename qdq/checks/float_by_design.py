@@ -145,9 +145,7 @@ class QuantizedSmallGemm(Rule):
     parameters = dict(FLOAT_BY_DESIGN_PARAMETERS)
 
     def check(self, ctx: CheckContext) -> Iterable[Finding]:
-        for node in ctx.graph.nodes:
-            if node.op not in _GEMMS:
-                continue
+        for node in ctx.index.nodes_of(_GEMMS):
             why = _small_gemm(node, ctx.params["min_gemm_dim"])
             if why is None or _weight_only(ctx, node):
                 continue  # weight-only GEMMs run on other kernels, which ModelOpt does not exclude by size

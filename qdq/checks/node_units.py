@@ -94,10 +94,10 @@ class FloatOutput(Rule):
     def check(self, ctx: CheckContext) -> Iterable[Finding]:
         ops = set(ctx.params["ops"])
         elsewhere = quantized_without_data(ctx)
-        for node in ctx.graph.nodes:
+        for node in ctx.index.nodes_of(ops):
             # An input QDQ805 quantizes counts as dequantized: once it has, this op's output is
             # the float edge (a SiLU's Mul after its Sigmoid), and lint says so before the fix.
-            if node.op not in ops or not dequantized_inputs(ctx, node, frozenset(elsewhere)):
+            if not dequantized_inputs(ctx, node, frozenset(elsewhere)):
                 continue
             for tensor in node.outputs:
                 if id(tensor) in elsewhere or id(self._site(ctx, tensor)) in elsewhere:

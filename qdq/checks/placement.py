@@ -111,8 +111,8 @@ class FloatInput(Rule):
     def check(self, ctx: CheckContext) -> Iterable[Finding]:
         ops = set(ctx.params["ops"])
         elsewhere = quantized_without_data(ctx)
-        for node in ctx.graph.nodes:
-            if node.op not in ops or (ctx.params["skip_graph_outputs"] and _writes_graph_output(ctx.index, node)):
+        for node in ctx.index.nodes_of(ops):
+            if ctx.params["skip_graph_outputs"] and _writes_graph_output(ctx.index, node):
                 continue
             if float_by_design(ctx, node) is not None:
                 continue  # QDQ808's: the target runs it faster in float
@@ -185,8 +185,8 @@ class _ResidualRule(Rule):
     def residual_adds(self, ctx: CheckContext) -> Iterable[tuple[ir.Node, int, _Branch]]:
         """Each residual Add with the slot of its conv branch (the deeper one when both qualify)."""
         depth = _depths(ctx.graph)
-        for node in ctx.graph.nodes:
-            if node.op not in ctx.params["ops"] or len(node.inputs) != 2 or any(_constant(t) for t in node.inputs):
+        for node in ctx.index.nodes_of(ctx.params["ops"]):
+            if len(node.inputs) != 2 or any(_constant(t) for t in node.inputs):
                 continue
             branches = [_fused_branch(ctx, t) for t in node.inputs]
             slots = [i for i, b in enumerate(branches) if b is not None]

@@ -36,8 +36,7 @@ class _ShiftRule(Rule):
         return output_value(ctx.index, node, ctx.params["output_through"], ctx.params["output_through_mul"])
 
     def nodes(self, ctx: CheckContext) -> Iterable[ir.Node]:
-        ops = set(ctx.params["ops"])
-        return [n for n in ctx.graph.nodes if n.op in ops]
+        return ctx.index.nodes_of(ctx.params["ops"])
 
     def move(self, ctx: FixContext, qt: QTensor, pos: int, node: ir.Node, why: str) -> list[Change]:
         return set_params(ctx, qt, 2.0**-pos, self.code, f"{node.name}: {why}")

@@ -97,9 +97,9 @@ class SaturatingWeightType(Rule):
         if fix not in _FIXES:
             raise RuleSetError(f"{self.code}.weights must be one of {', '.join(_FIXES)}, got {fix!r}")
         reported: set[int] = set()
-        for node in ctx.graph.nodes:
+        for node in ctx.index.nodes_of(ops):
             slot = WEIGHT_INPUT.get(node.op)
-            if node.op not in ops or slot is None:
+            if slot is None:
                 continue
             activation, weight = input_value(ctx.index, node, 0), input_value(ctx.index, node, slot)
             if activation is None or weight is None or id(weight) in reported or not _eight_bit(ctx, activation):
