@@ -646,3 +646,11 @@ def test_computed_zero_point_gives_its_own_type(tmp_path: Path) -> None:
     params = index.params(node(model, "q"))
     assert params.dynamic
     assert params.elem_type == TensorProto.INT32
+
+
+@pytest.mark.parametrize("ops", [["Conv"], ["Relu", "Conv", "DequantizeLinear"], {"Add": [1], "Gemm": [2]}, ["NoSuchOp"]])
+def test_nodes_of_is_the_graph_filtered_by_op_in_order(ops):
+    model = load_model(Path(__file__).resolve().parent.parent / "examples" / "models" / "demo_fx_qat.onnx")
+    expected = [n for n in model.graph.nodes if n.op in set(ops)]
+    got = QuantIndex(model).nodes_of(ops)
+    assert [id(n) for n in got] == [id(n) for n in expected] and (expected or ops == ["NoSuchOp"])
