@@ -195,12 +195,11 @@ def _stored(constant: ir.Constant) -> TensorProto | onnx.SparseTensorProto | Non
     proto = constant.proto
     if proto is None:
         return None
-    sparse = isinstance(proto, onnx.SparseTensorProto)
-    if (proto.values.name if sparse else proto.name) == constant.name:
+    if ir.values_proto(proto).name == constant.name:
         return proto
     renamed = type(proto)()
     renamed.CopyFrom(proto)
-    (renamed.values if sparse else renamed).name = constant.name
+    ir.values_proto(renamed).name = constant.name
     return renamed
 
 

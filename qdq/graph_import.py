@@ -27,8 +27,15 @@ PLAIN_ATTRIBUTES = {
 
 def import_graph(proto: onnx.ModelProto) -> ir.Graph:
     """The graph of `proto` in qdq's representation."""
-    opset = next((entry.version for entry in proto.opset_import if entry.domain in ("", "ai.onnx")), None)
-    return _Scope(None).graph(proto.graph, opset)
+    return _Scope(None).graph(proto.graph, default_opset(proto))
+
+
+def default_opset(proto: onnx.ModelProto) -> int | None:
+    """The version of the default (ai.onnx) domain the model imports, under either of its names."""
+    for entry in proto.opset_import:
+        if entry.domain in ("", "ai.onnx"):
+            return entry.version
+    return None
 
 
 def declared_variable(info: onnx.ValueInfoProto) -> ir.Variable:

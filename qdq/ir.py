@@ -167,7 +167,7 @@ class Constant(Tensor):
     @classmethod
     def stored(cls, proto: TensorProto | onnx.SparseTensorProto) -> Constant:
         """The constant a TensorProto (or SparseTensorProto) holds, its values not read yet."""
-        dense = proto.values if isinstance(proto, onnx.SparseTensorProto) else proto
+        dense = values_proto(proto)
         constant = cls(dense.name, None, int(dense.data_location) if dense.HasField("data_location") else None)
         constant.proto = proto
         return constant
@@ -187,14 +187,18 @@ class Constant(Tensor):
     def dtype(self) -> object:
         if self.proto is None:
             return self._values.dtype
-        dense = self.proto.values if isinstance(self.proto, onnx.SparseTensorProto) else self.proto
-        return element_dtype(dense.data_type)
+        return element_dtype(values_proto(self.proto).data_type)
 
     @property
     def shape(self):
         if self.proto is None:
             return self._values.shape
         return self.proto.dims
+
+
+def values_proto(proto: TensorProto | onnx.SparseTensorProto) -> TensorProto:
+    """The TensorProto with the element type, name and values: the proto itself, or a sparse one's values."""
+    return proto.values if isinstance(proto, onnx.SparseTensorProto) else proto
 
 
 def decode(proto: TensorProto | onnx.SparseTensorProto) -> np.ndarray:

@@ -26,7 +26,7 @@ from qdq import ir, progress
 from qdq.errors import InvalidOutputError, ModelLoadError, OutputError
 from qdq.files import atomic_write_bytes, check_writable, same_file
 from qdq.graph_export import export_model
-from qdq.graph_import import import_graph
+from qdq.graph_import import default_opset, import_graph
 from qdq.normalize import normalize
 from qdq.ops import DEQUANTIZE, QDQ_DOMAINS, QDQ_OPS
 from qdq.spill import Spill
@@ -306,13 +306,6 @@ def _working_folder(folder: Path) -> Iterator[None]:
         yield
     finally:
         os.chdir(previous)
-
-
-def default_opset(proto: onnx.ModelProto) -> int | None:
-    for entry in proto.opset_import:
-        if entry.domain in ("", "ai.onnx"):
-            return entry.version
-    return None
 
 
 @contextmanager

@@ -14,7 +14,6 @@ from operator import itemgetter
 from typing import Iterable
 
 import numpy as np
-import onnx
 from onnx import TensorProto, helper
 
 from qdq import ir
@@ -485,7 +484,7 @@ def source_values(model: Model, source: ConstantSource) -> np.ndarray:
 def onnx_type_of(constant: ir.Constant) -> int:
     proto = constant.proto
     if proto is not None:
-        return int((proto.values if isinstance(proto, onnx.SparseTensorProto) else proto).data_type)
+        return int(ir.values_proto(proto).data_type)
     return helper.np_dtype_to_tensor_dtype(np.asarray(constant.values).dtype)
 
 
