@@ -35,35 +35,30 @@ from qdq.ruleset import load_target
 STEPS = ("read", "tidy", "write")
 
 
-def qdq_steps(proto: onnx.ModelProto) -> dict[str, float]:
-    times = {}
-    start = time.perf_counter()
-    graph = import_graph(proto)
-    times["read"] = time.perf_counter() - start
-    start = time.perf_counter()
-    tidy(graph)
-    times["tidy"] = time.perf_counter() - start
-    start = time.perf_counter()
-    export_model(graph, proto)
-    times["write"] = time.perf_counter() - start
-    return times
-
-
-def graphsurgeon_steps(proto: onnx.ModelProto) -> dict[str, float]:
-    times = {}
-    start = time.perf_counter()
-    graph = gs.import_onnx(proto)
-    times["read"] = time.perf_counter() - start
-    start = time.perf_counter()
+def _tidy_with_graphsurgeon(graph: gs.Graph) -> None:
     graph.cleanup().toposort()
+
+
+# Per library: read a ModelProto into a graph, drop dead nodes and sort it, write it back.
+LIBRARIES = {
+    "qdq": (import_graph, tidy, export_model),
+    "graphsurgeon": (gs.import_onnx, _tidy_with_graphsurgeon, lambda graph, proto: gs.export_onnx(graph)),
+}
+
+
+def timed_steps(read, clean, write, proto: onnx.ModelProto) -> dict[str, float]:
+    """Seconds each step of one library takes on `proto`."""
+    times = {}
+    start = time.perf_counter()
+    graph = read(proto)
+    times["read"] = time.perf_counter() - start
+    start = time.perf_counter()
+    clean(graph)
     times["tidy"] = time.perf_counter() - start
     start = time.perf_counter()
-    gs.export_onnx(graph)
+    write(graph, proto)
     times["write"] = time.perf_counter() - start
     return times
-
-
-LIBRARIES = {"qdq": qdq_steps, "graphsurgeon": graphsurgeon_steps}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -84,7 +79,7 @@ def main(argv: list[str] | None = None) -> int:
         for _ in range(args.repeats):
             for name, steps in LIBRARIES.items():
                 with gc_paused():
-                    for step, took in steps(proto).items():
+                    for step, took in timed_steps(*steps, proto).items():
                         seconds[name][step].append(took)
         row = {"nodes": len(proto.graph.node), "changes": changes}
         for step in STEPS:

@@ -48,10 +48,9 @@ class NonScalarQParams(Rule):
 
     def check(self, ctx: CheckContext) -> Iterable[Finding]:
         table = ctx.index.table
-        scalar = table.scalar_params()  # rows with nothing to say
-        for p in ctx.index.all_params():
-            row = table.row_of.get(id(p.node))
-            if (row is not None and scalar[row]) or p.granularity != PER_TENSOR or p.block_size:
+        for row in np.flatnonzero(~table.scalar_params()):  # 0-d parameters have nothing to report
+            p = table.rows[row]
+            if p.granularity != PER_TENSOR or p.block_size:
                 continue
             # Only 1-element tensors: an empty scale is QDQ001's error and has no scalar form.
             slots = [

@@ -210,11 +210,8 @@ class QParamShapeMismatch(Rule):
 
     def check(self, ctx: CheckContext) -> Iterable[Finding]:
         table = ctx.index.table
-        plain = table.plain_shapes()  # rows no test below can flag
-        for p in ctx.index.all_params():
-            row = table.row_of.get(id(p.node))
-            if row is not None and plain[row]:
-                continue
+        for row in np.flatnonzero(~table.plain_shapes()):  # plain rows: no test below can flag them
+            p = table.rows[row]
             problem = _shape_problem(p)
             if problem:
                 yield self.finding(
