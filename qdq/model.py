@@ -154,15 +154,8 @@ def load_model(path: str | os.PathLike) -> Model:
             f"{path}: opset {opset} is older than {MIN_OPSET}, the first with QuantizeLinear/DequantizeLinear"
         )
     _check_external_data(proto, path)
-    notes = normalize(proto)
     progress.step(f"checking {path.name} with the ONNX checker")
-    try:
-        _check(proto, path, repaired=bool(notes))
-    except Exception as exc:
-        # The checker is stricter than the runtime users deploy on: what onnxruntime runs, qdq reads.
-        if _onnxruntime_refusal(path) is not None:
-            raise ModelLoadError(f"{path}: invalid ONNX model: {_first_line(exc)}") from None
-        notes.append(f"the ONNX checker refuses it ({_first_line(exc)}), but onnxruntime loads it")
+    notes = _repaired_and_checked(proto, path)
     for note in notes:  # reports carry them too (lint and inspect notes, fix's report)
         log.warning("%s: %s", path, note)
     progress.step(f"building the graph of {path.name} ({len(proto.graph.node)} nodes)")
@@ -283,6 +276,31 @@ def _onnxruntime_refusal(path: Path) -> str | None:
     except Exception as exc:
         return _first_line(exc)
     return None
+
+
+def _repaired_and_checked(proto: onnx.ModelProto, path: Path) -> list[str]:
+    """`normalize`'s notes once the ONNX checker accepts the model, or onnxruntime does when the checker does not.
+
+    The file is checked before any repair: most pass, and for them normalize skips what the
+    checker has already proved. The checker is stricter than the runtime users deploy on: what
+    onnxruntime runs, qdq reads.
+    """
+    try:
+        _check(proto, path, repaired=False)
+        return normalize(proto, checked=True)
+    except Exception as exc:
+        refusal = exc
+    notes = normalize(proto)
+    if notes:
+        try:
+            _check(proto, path, repaired=True)
+            return notes
+        except Exception as exc:
+            refusal = exc
+    if _onnxruntime_refusal(path) is not None:
+        raise ModelLoadError(f"{path}: invalid ONNX model: {_first_line(refusal)}") from None
+    notes.append(f"the ONNX checker refuses it ({_first_line(refusal)}), but onnxruntime loads it")
+    return notes
 
 
 def _check(proto: onnx.ModelProto, path: Path, repaired: bool) -> None:

@@ -20,7 +20,7 @@ from onnx import TensorProto, helper, numpy_helper
 import cli
 from qdq.errors import InvalidOutputError
 from qdq.model import load_model, save_model
-from qdq.normalize import _sort_nodes
+from qdq.normalize import _shape_graph_outputs, _sort_nodes
 
 
 def conv_model(weight: onnx.TensorProto, weight_scale: np.ndarray, opset: int = 17, ir_version: int = 8,
@@ -64,6 +64,7 @@ def qdq_json(*argv) -> tuple[int, dict]:
     return code, json.loads(out.getvalue())
 
 
+CORPUS = Path(__file__).resolve().parent / "corpus"
 FEEDS = {"x": np.random.default_rng(1).uniform(-6, 6, (1, 3, 8, 8)).astype(np.float32)}
 
 
@@ -218,6 +219,32 @@ def test_a_sparse_initializer_with_external_values_keeps_them_in_the_outputs_dat
     written = onnx.load(str(out), load_external_data=False).graph.sparse_initializer[0].values
     assert {e.key: e.value for e in written.external_data}["location"] == "m.data"
     run_ort(out, feeds)
+
+
+def test_what_the_checker_accepts_needs_no_order_or_output_shape_repair():
+    """load_model skips those two repairs when the checker accepts the file as it is. Over the corpus,
+    wherever the checker accepts a file, both repairs indeed find nothing to do."""
+    accepted = 0
+    for path in sorted(CORPUS.rglob("*.onnx")):
+        try:
+            onnx.checker.check_model(str(path))
+        except onnx.checker.ValidationError:
+            continue
+        proto = onnx.load(str(path), load_external_data=False)
+        assert not _sort_nodes(proto.graph) and not _shape_graph_outputs(proto), path
+        accepted += 1
+    assert accepted >= 100
+
+
+def test_untyped_value_info_in_a_file_the_checker_accepts_is_dropped_with_a_note(tmp_path):
+    model = conv_model(int8_weight(), np.full(4, 0.01))
+    model.graph.value_info.append(onnx.ValueInfoProto(name="x_dq"))
+    path = save(model, tmp_path / "untyped.onnx")
+    onnx.checker.check_model(str(path))
+
+    loaded = load_model(path)
+    assert loaded.notes == ["1 value_info entry has no element type; qdq dropped them"]
+    assert [info.name for info in loaded.proto.graph.value_info] == []
 
 
 def test_untyped_value_info_and_shapeless_output_are_tolerated(tmp_path):
