@@ -13,7 +13,6 @@ import math
 import os
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
-from functools import cached_property
 from pathlib import Path
 from typing import Callable, Iterator
 
@@ -65,6 +64,8 @@ class Model:
     proto: onnx.ModelProto = field(repr=False)
     # What qdq repaired or tolerated while reading the file (`qdq.normalize`), one line each.
     notes: list[str] = field(default_factory=list)
+    # The data files its external tensors point at, as `load_model` found them when it checked them.
+    data_files: list[Path] = field(default_factory=list)
     _spill: Spill | None = field(default=None, init=False, repr=False)
 
     @property
@@ -74,17 +75,12 @@ class Model:
 
     @property
     def uses_external_data(self) -> bool:
-        return bool(self._data_files)
+        return bool(self.data_files)
 
     @property
     def input_files(self) -> list[Path]:
         """The model file and the external data files it points at: what an output must never replace."""
-        return [self.path, *self._data_files]
-
-    @cached_property
-    def _data_files(self) -> list[Path]:
-        """The data files the input's external tensors point at, from one walk over its tensors."""
-        return _external_files(self.proto, self.base_dir)
+        return [self.path, *self.data_files]
 
     def constant_values(self, tensor: ir.Constant) -> np.ndarray:
         """The values of a constant, reading external data relative to the model, not the cwd."""
@@ -153,7 +149,7 @@ def load_model(path: str | os.PathLike) -> Model:
         raise ModelLoadError(
             f"{path}: opset {opset} is older than {MIN_OPSET}, the first with QuantizeLinear/DequantizeLinear"
         )
-    _check_external_data(proto, path)
+    data_files = _check_external_data(proto, path)
     progress.step(f"checking {path.name} with the ONNX checker")
     notes = _repaired_and_checked(proto, path)
     for note in notes:  # reports carry them too (lint and inspect notes, fix's report)
@@ -164,7 +160,7 @@ def load_model(path: str | os.PathLike) -> Model:
             graph = import_graph(proto)
         except Exception as exc:
             raise ModelLoadError(f"{path}: cannot import the graph: {_first_line(exc)}") from None
-    return Model(graph=graph, path=path, opset=opset, proto=proto, notes=notes)
+    return Model(graph=graph, path=path, opset=opset, proto=proto, notes=notes, data_files=data_files)
 
 
 def save_model(
@@ -356,9 +352,11 @@ def _check_model_file(path: Path) -> None:
         raise ModelLoadError(f"{path}: is a Git LFS pointer, not the model; run `git lfs pull` first")
 
 
-def _check_external_data(proto: onnx.ModelProto, path: Path) -> None:
-    """Refuse external-data references that are missing, out of bounds or outside the model folder."""
+def _check_external_data(proto: onnx.ModelProto, path: Path) -> list[Path]:
+    """The data files the model's external tensors point at; refuse references that are missing, out
+    of bounds or outside the model folder."""
     base = path.parent.resolve()
+    locations = set()
     for tensor in _all_tensor_protos(proto.graph):
         if not _is_external(tensor):
             continue
@@ -395,6 +393,8 @@ def _check_external_data(proto: onnx.ModelProto, path: Path) -> None:
             raise ModelLoadError(
                 f"{path}: tensor {tensor.name!r} external data range lies beyond the end of {location!r}"
             )
+        locations.add(location)
+    return [path.parent / location for location in sorted(locations)]
 
 
 def _is_external(tensor: TensorProto) -> bool:
@@ -417,15 +417,6 @@ def _all_tensor_protos(graph: onnx.GraphProto) -> Iterator[TensorProto]:
                 yield from _all_tensor_protos(attr.g)
             for sub in attr.graphs:
                 yield from _all_tensor_protos(sub)
-
-
-def _external_files(proto: onnx.ModelProto, base_dir: Path) -> list[Path]:
-    """The data files a model's external tensors point at."""
-    locations = set()
-    for tensor in _all_tensor_protos(proto.graph):
-        if _is_external(tensor):
-            locations.update(e.value for e in tensor.external_data if e.key == "location")
-    return [base_dir / location for location in sorted(locations)]
 
 
 def _write_data_file(tensors: list[TensorProto], source_dir: Path, out_path: Path) -> Path:
