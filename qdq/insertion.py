@@ -22,7 +22,7 @@ from qdq.dtypes import quant_type
 from qdq.quant_index import DEQUANTIZE, QDQ_DOMAINS, QUANTIZE, resolve_constant
 from qdq.requantize import describe
 from qdq.rounding import RoundingCost, along, quantize
-from qdq.rule import Change, CheckContext, FixContext
+from qdq.rule import Change, CheckContext, FixContext, mention
 
 
 def existing_quantize(tensor: ir.Tensor) -> ir.Node | None:
@@ -49,7 +49,7 @@ def read_through(ctx: FixContext, consumer: ir.Node, slot: int, quantize: ir.Nod
                              inputs=[quantize.outputs[0], *quantize.inputs[1:]], outputs=[out])
         ctx.edits.add_node(dequantize)
     ctx.edits.set_input(consumer, slot, dequantize.outputs[0])
-    return Change(code, consumer.name, tensor.name, "float", f"DQ({quantize.name})", reason)
+    return Change(code, mention(consumer), tensor.name, "float", f"DQ({quantize.name})", reason)
 
 
 def quantize_hint(ctx: CheckContext, tensor: ir.Tensor, movers: Iterable[str] = ()) -> tuple[bool, str]:
@@ -57,10 +57,10 @@ def quantize_hint(ctx: CheckContext, tensor: ir.Tensor, movers: Iterable[str] = 
     its values reach through `movers`, the calibration data, or none, in which case the fix needs data."""
     quantize = existing_quantize(tensor)
     if quantize is not None:
-        return True, f"; it already has {quantize.name} ({describe_quantize(quantize)}) for another consumer"
+        return True, f"; it already has {mention(quantize)} ({describe_quantize(quantize)}) for another consumer"
     quantize = downstream_quantize(tensor, movers)
     if quantize is not None:
-        return True, f"; it reaches {quantize.name} ({describe_quantize(quantize)}) unchanged, whose grid it can take"
+        return True, f"; it reaches {mention(quantize)} ({describe_quantize(quantize)}) unchanged, whose grid it can take"
     if ctx.ranges is not None and tensor.name in ctx.ranges:
         return True, "; its scale will come from the calibration data"
     return False, "; no Q/DQ for it exists in the graph, so the scale needs data (run `qdq fix --calibrate FILE.npz` to measure it)"
@@ -154,7 +154,7 @@ def quantized_weight(ctx: FixContext, consumer: ir.Node, slot: int, axis: int, c
     cost = RoundingCost.of(values, q, unclipped, broadcast, 0.0).values()
     read_dequantized(ctx, consumer, slot, q.astype(np.int8), scale, axis)
     sqnr = cost.setdefault("sqnr_db", float("inf"))
-    return Change(code, consumer.name, weight.name, "float", f"int8 per-channel (axis {axis})",
+    return Change(code, mention(consumer), weight.name, "float", f"int8 per-channel (axis {axis})",
                   f"weight quantized from its own values, max-abs per output channel (SQNR {sqnr} dB)", cost)
 
 

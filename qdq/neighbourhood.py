@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from qdq import ir
 from qdq.model import Model
 from qdq.quant_index import QuantIndex
-from qdq.rule import Finding
+from qdq.rule import Finding, mention
 
 HOPS = 2
 MAX_NODES = 40  # a node with a huge fan-out (a shared input) still gives a picture that reads
@@ -43,7 +43,7 @@ class Neighbourhood:
 def neighbourhoods(model: Model, findings: list[Finding]) -> list[Neighbourhood | None]:
     """One picture per finding (None for a finding on the whole model, or whose node is gone)."""
     graph = _Graph(QuantIndex(model))
-    by_name = {node.name: node for node in model.graph.nodes if node.name}
+    by_name = {shown: node for node in model.graph.nodes if (shown := mention(node))}  # as findings name them
     tensors = model.graph.tensors()
     return [graph.around(_centre(finding, by_name, tensors), finding.tensors) for finding in findings]
 

@@ -29,7 +29,7 @@ from qdq import ir, pow2
 from qdq.dtypes import QuantType, quant_type
 from qdq.quant_index import QParams, QTensor, resolve_constant, source_values
 from qdq.rounding import RoundingCost, along, cost_sentence, quantize
-from qdq.rule import Change, CheckContext, FixContext
+from qdq.rule import Change, CheckContext, FixContext, mention
 
 # Values per block when re-quantizing a weight: bounds the float64 temporaries (~40 bytes a value).
 _BLOCK_ELEMENTS = 1 << 22
@@ -97,7 +97,7 @@ def set_params(
         dtype = {"output_dtype": new_type} if "output_dtype" in node.attrs else {}
         ctx.edits.swap_params(node, scale_const, zp_const, axis=new_axis if new_scale.size > 1 else None, **dtype)
     values.update(_pos_shift(old_scale, new_scale))
-    return [Change(code, qt.nodes[0].name, name, describe(old_scale, old_zp), describe(new_scale, new_zp),
+    return [Change(code, mention(qt.nodes[0]), name, describe(old_scale, old_zp), describe(new_scale, new_zp),
                    cost_sentence(reason, values), values)]
 
 
@@ -116,7 +116,7 @@ def why_type_is_fixed(ctx: CheckContext, qt: QTensor) -> str | None:
         if any(n.op == "Cast" for n in via):
             return "a Cast sits between its integers and its DQ (QDQ203 removes it)"
         if consumer not in qt.dequantizes:
-            return f"{consumer.name} ({consumer.op}) reads its integers"
+            return f"{mention(consumer)} ({consumer.op}) reads its integers"
     return None
 
 

@@ -208,14 +208,24 @@ class Rule:
         names = tuple(t if isinstance(t, str) else t.name for t in tensors if t is not None)
         return Finding(
             code=self.code,
-            message=self.message.format(node=node.name if node is not None else "", **values),
+            message=self.message.format(node=mention(node), **values),
             severity=ctx.severity,
-            node=node.name if node is not None else None,
+            node=mention(node) if node is not None else None,
             tensors=names,
             values=values,
             fix=self.fix_safety if fixable else None,
             subject=subject,
         )
+
+
+def mention(node: ir.Node | None) -> str:
+    """How findings, messages and changes name a node: by its name; the unnamed nodes some tools
+    write (tract, a few of Quark's) by their first output, so that two of them never read alike."""
+    if node is None:
+        return ""
+    if node.name or not node.outputs or not node.outputs[0].name:
+        return node.name
+    return f"(unnamed, writes {node.outputs[0].name!r})"
 
 
 RULES: dict[str, type[Rule]] = {}

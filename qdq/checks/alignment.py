@@ -16,7 +16,7 @@ from qdq.errors import RuleSetError
 from qdq.operands import input_value, output_value, scale_of
 from qdq.quant_index import QTensor, is_uniform
 from qdq.requantize import describe, set_params
-from qdq.rule import Change, CheckContext, Finding, FixContext, FixSafety, Rule, Severity, register
+from qdq.rule import Change, CheckContext, Finding, FixContext, FixSafety, Rule, Severity, mention, register
 
 _PREFER = ("coarser", "output")
 
@@ -46,7 +46,7 @@ class _SharedScale(Rule):
 
     def fix(self, ctx: FixContext, finding: Finding) -> list[Change]:
         node, members = finding.subject
-        reason = f"{node.name} ({node.op}) needs one scale for its inputs and output"
+        reason = f"{mention(node)} ({node.op}) needs one scale for its inputs and output"
         return share_params(ctx, members, self.code, reason, ctx.params.get("prefer", "coarser"))
 
 

@@ -13,7 +13,7 @@ import numpy as np
 
 from qdq import ir
 from qdq.quant_index import PER_TENSOR, ConstantSource, QParams, QuantIndex, source_values
-from qdq.rule import Change, CheckContext, Finding, FixContext, FixSafety, Rule, Severity, register
+from qdq.rule import Change, CheckContext, Finding, FixContext, FixSafety, Rule, Severity, mention, register
 
 _SCALE, _ZERO_POINT = 1, 2
 
@@ -99,7 +99,7 @@ class NonScalarQParams(Rule):
                 scalar = ir.Constant(ctx.new_name(f"{constant.name}_scalar"), values)
             ctx.edits.set_input(p.node, slot, scalar)
             target = scalar.name
-        return Change(self.code, p.node.name, target, old_shape, [], f"{_slot_name(slot)} reshaped to a scalar")
+        return Change(self.code, mention(p.node), target, old_shape, [], f"{_slot_name(slot)} reshaped to a scalar")
 
 
 def _qparam_only_chain(tensor: ir.Tensor, index: QuantIndex) -> list[ir.Tensor] | None:
@@ -179,7 +179,7 @@ class QParamPassThrough(Rule):
             if root is None:
                 root = ir.Constant(ctx.new_name(f"{old.name}_const"), values)
         ctx.edits.set_input(p.node, slot, root)
-        return [Change(self.code, p.node.name, old.name, old.name, root.name, f"{_slot_name(slot)} read directly")]
+        return [Change(self.code, mention(p.node), old.name, old.name, root.name, f"{_slot_name(slot)} read directly")]
 
 
 def _chain_root(tensor: ir.Tensor) -> ir.Tensor:
@@ -214,14 +214,14 @@ class PassThroughBetweenQDQ(Rule):
                 if consumer.op == "DequantizeLinear" and via:
                     yield self.finding(
                         ctx, consumer, [qt.integer] + [n.outputs[0] for n in via], subject=(qt.integer, consumer),
-                        quantize=qt.quantize.name, chain=" → ".join(n.op for n in via),
+                        quantize=mention(qt.quantize), chain=" → ".join(n.op for n in via),
                     )
 
     def fix(self, ctx: FixContext, finding: Finding) -> list[Change]:
         integer, dq = finding.subject
         old = dq.inputs[0]
         ctx.edits.set_input(dq, 0, integer)
-        return [Change(self.code, dq.name, old.name, old.name, integer.name, "DequantizeLinear reads the Q directly")]
+        return [Change(self.code, mention(dq), old.name, old.name, integer.name, "DequantizeLinear reads the Q directly")]
 
 
 @register
@@ -248,6 +248,6 @@ class DanglingQDQ(Rule):
 
     def fix(self, ctx: FixContext, finding: Finding) -> list[Change]:
         node = finding.subject
-        name = node.outputs[0].name
+        name, shown = node.outputs[0].name, mention(node)  # before detaching: an unnamed node is named by its output
         ctx.edits.detach(node)
-        return [Change(self.code, node.name, name, node.op, None, "removed")]
+        return [Change(self.code, shown, name, node.op, None, "removed")]

@@ -21,7 +21,7 @@ from qdq import ir
 from qdq.operands import BIAS_INPUT, WEIGHT_INPUT, input_value
 from qdq.quant_index import PER_TENSOR, ConstantSource, QParams, QTensor, resolve_constant, source_values
 from qdq.rounding import RoundingCost, along, quantize
-from qdq.rule import Change, CheckContext, Finding, FixContext, FixSafety, Rule, Severity, register
+from qdq.rule import Change, CheckContext, Finding, FixContext, FixSafety, Rule, Severity, mention, register
 
 _CONSTANT_STEPS = ("Mul", "Div", "Add", "Sub")
 _BN = "BatchNormalization"
@@ -134,11 +134,11 @@ class UnfoldedBatchNorm(Rule):
             values["weight"] != "re-quantized" and not values.get("saturated") and chain.bias_value is None
         )
         old = " + ".join([node.op] + [step.op for step in chain.steps])
-        out = chain.steps[-1].outputs[0]
+        out, shown = chain.steps[-1].outputs[0], mention(node)  # shown as the finding showed it, before rewiring
         for step in chain.steps:
             ctx.edits.detach(step)
         ctx.edits.set_output(node, 0, out)
-        return [Change(self.code, node.name, out.name, old, node.op, _sentence(chain, values), values)]
+        return [Change(self.code, shown, out.name, old, node.op, _sentence(chain, values), values)]
 
 
 def folded_away(ctx: CheckContext) -> set[int]:

@@ -22,7 +22,7 @@ from qdq.operands import BIAS_INPUT, WEIGHT_INPUT, input_value
 from qdq.quant_index import PER_TENSOR, QuantIndex, QTensor, resolve_constant, source_values
 from qdq.requantize import describe, quantize_blocks, set_params
 from qdq.rounding import cost_sentence
-from qdq.rule import Change, CheckContext, Finding, FixContext, FixSafety, Rule, Severity, register
+from qdq.rule import Change, CheckContext, Finding, FixContext, FixSafety, Rule, Severity, mention, register
 
 
 @register
@@ -74,7 +74,7 @@ class BiasScaleMismatch(Rule):
         if found is None:
             return []
         bias, expected, axis = found
-        reason = f"{node.name}: bias scale = input scale × weight scale"
+        reason = f"{mention(node)}: bias scale = input scale × weight scale"
         return set_params(ctx, _private(ctx, node, bias), expected if expected.size > 1 else expected.reshape(()),
                           self.code, reason, zero_point=0, axis=axis)
 
@@ -171,8 +171,8 @@ class FloatBias(Rule):
                                          int32, np.dtype(np.int32))
         stored = scale.astype(float_type(bias))
         read_dequantized(ctx, node, slot, integers, stored if stored.size > 1 else stored.reshape(()), 0)
-        return [Change(self.code, node.name, bias.name, "float", f"int32 at {describe(scale, np.zeros(1))}",
-                       cost_sentence(f"{node.name}: bias quantized at input × weight scale", cost), cost)]
+        return [Change(self.code, mention(node), bias.name, "float", f"int32 at {describe(scale, np.zeros(1))}",
+                       cost_sentence(f"{mention(node)}: bias quantized at input × weight scale", cost), cost)]
 
 
 def _float_bias(ctx: CheckContext, node: ir.Node) -> tuple[np.ndarray, np.ndarray] | None:
@@ -240,6 +240,6 @@ class QuantizedBias(Rule):
         old = node.inputs[slot].name
         base = f"{node.name}_bias" if finding.values["what"] == "bias" else f"{node.name}_input{slot}"
         ctx.edits.set_input(node, slot, ctx.model.new_constant(ctx.new_name(base, replacing=old), values))
-        return [Change(self.code, node.name, finding.tensors[0], finding.values["dtype"], str(values.dtype),
-                       f"{node.name}: {finding.values['what']} folded into a float constant ({values.size} values, "
+        return [Change(self.code, mention(node), finding.tensors[0], finding.values["dtype"], str(values.dtype),
+                       f"{mention(node)}: {finding.values['what']} folded into a float constant ({values.size} values, "
                        f"as onnxruntime computes {finding.values['form']})")]

@@ -20,7 +20,7 @@ import onnx
 from qdq import ir
 from qdq.errors import RuleSetError
 from qdq.quant_index import resolve_constant, source_values
-from qdq.rule import Change, CheckContext, Finding, FixContext, FixSafety, Rule, Severity, register
+from qdq.rule import Change, CheckContext, Finding, FixContext, FixSafety, Rule, Severity, mention, register
 
 # How close a Mul's constant must be to the factor to count as the DPU rescale.
 _MUL_RTOL = 1e-9
@@ -112,7 +112,7 @@ class LeakyReluSlope(Rule):
         old = finding.values["alpha"]
         new = finding.values["dpu_alpha"]
         ctx.edits.set_attr(node, "alpha", float(new))
-        return [Change(self.code, node.name, None, old, new, f"alpha set to the DPU slope {finding.values['slope']}")]
+        return [Change(self.code, mention(node), None, old, new, f"alpha set to the DPU slope {finding.values['slope']}")]
 
 
 @register

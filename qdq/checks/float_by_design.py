@@ -24,7 +24,7 @@ from qdq.dtypes import type_name
 from qdq.insertion import float_type
 from qdq.operands import input_value
 from qdq.quant_index import PER_TENSOR, QuantIndex, resolve_constant
-from qdq.rule import Change, CheckContext, Finding, FixContext, FixSafety, Rule, Severity, register
+from qdq.rule import Change, CheckContext, Finding, FixContext, FixSafety, Rule, Severity, mention, register
 
 # What the rules below and QDQ801 read to decide that an op stays float; the size defaults (0)
 # exclude nothing (rules/trt.toml sets TensorRT's).
@@ -173,9 +173,9 @@ class QuantizedSmallGemm(Rule):
                 how = f"folded into a float constant ({folded.size} values, as onnxruntime dequantized them)"
             else:
                 ctx.edits.set_input(node, slot, value.quantize.inputs[0])
-                how = f"reads {value.quantize.inputs[0].name}, the float tensor {value.quantize.name} quantized"
-            changes.append(Change(self.code, node.name, old, "dequantized", "float",
-                                  f"{node.name}: input {slot} {how}, since the {node.op} has {finding.values['why']}"))
+                how = f"reads {value.quantize.inputs[0].name}, the float tensor {mention(value.quantize)} quantized"
+            changes.append(Change(self.code, mention(node), old, "dequantized", "float",
+                                  f"{mention(node)}: input {slot} {how}, since the {node.op} has {finding.values['why']}"))
         return changes
 
 
@@ -218,8 +218,8 @@ class QdqOnGraphOutput(Rule):
             fixable = (dequantize.outputs[0] is output  # not through an Identity or Cast
                        and not params.dynamic and params.granularity == PER_TENSOR and params.qtype is not None)
             yield self.finding(ctx, dequantize, [output, source], subject=(output, value.quantize, dequantize),
-                               fixable=fixable, tensor=output.name, dequantize=dequantize.name,
-                               quantize=value.quantize.name, source=source.name, standalone=[dequantize.name])
+                               fixable=fixable, tensor=output.name, dequantize=mention(dequantize),
+                               quantize=mention(value.quantize), source=source.name, standalone=[mention(dequantize)])
 
     def fix(self, ctx: FixContext, finding: Finding) -> list[Change]:
         output, quantize, dequantize = finding.subject
@@ -228,13 +228,14 @@ class QdqOnGraphOutput(Rule):
         zero_point, scale = float(params.zero_point.ravel()[0]), float(params.scale.ravel()[0])
         dtype = float_type(source)
         low, high = (np.asarray((q - zero_point) * scale, dtype=dtype) for q in (params.qtype.qmin, params.qtype.qmax))
+        shown = mention(dequantize)  # before detaching: an unnamed node is named by its output
         ctx.edits.detach(dequantize)
         bounds = [ir.Constant(ctx.new_name(f"{output.name}_{end}"), value) for end, value in (("min", low), ("max", high))]
         ctx.edits.add_node(ir.Node("Clip", ctx.new_name(f"{output.name}_Clip"), inputs=[source, *bounds],
                                    outputs=[output]))
-        return [Change(self.code, dequantize.name, output.name, "Q → DQ", f"Clip({low:g}, {high:g})",
+        return [Change(self.code, shown, output.name, "Q → DQ", f"Clip({low:g}, {high:g})",
                        f"graph output {output.name} is the float {source.name}, clipped to the range "
-                       f"{quantize.name} held; the Q/DQ pair is gone")]
+                       f"{mention(quantize)} held; the Q/DQ pair is gone")]
 
 
 def _moved_dequantized(ctx: CheckContext, tensor: ir.Tensor) -> bool:
@@ -284,8 +285,8 @@ class QdqBeforeFloatOp(Rule):
             if readers is None:
                 continue
             ops = sorted({n.op for n in readers})
-            yield self.finding(ctx, quantize, [quantize.inputs[0]], subject=value, quantize=quantize.name,
-                               readers=", ".join(ops), standalone=[dq.name for dq in value.dequantizes])
+            yield self.finding(ctx, quantize, [quantize.inputs[0]], subject=value, quantize=mention(quantize),
+                               readers=", ".join(ops), standalone=[mention(dq) for dq in value.dequantizes])
 
     def _readers(self, ctx: CheckContext, dequantizes: list[ir.Node]) -> list[ir.Node] | None:
         """The ops that read the dequantized value, when all run in float (else None)."""
@@ -313,7 +314,7 @@ class QdqBeforeFloatOp(Rule):
         source = value.quantize.inputs[0]
         for dequantize in value.dequantizes:
             ctx.edits.replace_uses(dequantize.outputs[0], source)
-        return [Change(self.code, value.quantize.name, source.name, "Q → DQ", "float",
+        return [Change(self.code, mention(value.quantize), source.name, "Q → DQ", "float",
                        f"Q/DQ removed: {finding.values['readers']} read {source.name} in float")]
 
 

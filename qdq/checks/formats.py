@@ -19,7 +19,7 @@ from qdq.checks.reduced_range import clip_bounds
 from qdq.operands import ACTIVATION, BIAS, WEIGHT, WEIGHT_INPUT, output_channel_axis, role
 from qdq.quant_index import PER_AXIS, PER_TENSOR, QUANTIZE, QParams, QTensor, is_uniform
 from qdq.requantize import describe, effective_values, set_params, why_type_is_fixed
-from qdq.rule import Change, CheckContext, Finding, FixContext, FixSafety, Rule, Severity, register
+from qdq.rule import Change, CheckContext, Finding, FixContext, FixSafety, Rule, Severity, mention, register
 
 
 # The two 8-bit integer types: the same grid, shifted by 128 (q_uint8 = q_int8 + 128).
@@ -306,8 +306,8 @@ def _insert_relu(ctx: FixContext, qt: QTensor, code: str) -> Change:
     relu = ir.Node("Relu", ctx.new_name(f"{tensor.name}_Relu"), inputs=[tensor], outputs=[clipped])
     ctx.edits.add_node(relu)
     ctx.edits.set_input(quantize, 0, clipped)
-    after = f" after {tensor.inputs[0].op} {tensor.inputs[0].name}" if tensor.inputs else ""
-    return Change(code, quantize.name, tensor.name, "clipped at 0 by the zero-point", f"Relu {relu.name}",
+    after = f" after {tensor.inputs[0].op} {mention(tensor.inputs[0])}" if tensor.inputs else ""
+    return Change(code, mention(quantize), tensor.name, "clipped at 0 by the zero-point", f"Relu {relu.name}",
                   f"Relu re-inserted: the old zero point clipped at 0; no numeric cost, one Relu node{after} "
                   f"for the target to fuse", {"inserted": relu.name})
 
@@ -583,7 +583,7 @@ class WeightAxis(Rule):
                 if consumer.op in ops and expected != axis:
                     yield self.finding(ctx, qt.nodes[0], [ctx.value_name(qt)], subject=qt,
                                        fixable=_per_axis_fixable(params), tensor=ctx.value_name(qt), op=consumer.op,
-                                       consumer=consumer.name, axis=axis, expected=expected)
+                                       consumer=mention(consumer), axis=axis, expected=expected)
                     break
 
     def fix(self, ctx: FixContext, finding: Finding) -> list[Change]:

@@ -18,7 +18,7 @@ from qdq.checks.reduced_range import clip_bounds
 from qdq.operands import ACTIVATION, output_value, role, scale_of
 from qdq.quant_index import QUANTIZE, QTensor, is_uniform
 from qdq.requantize import set_params
-from qdq.rule import Change, CheckContext, Finding, FixContext, FixSafety, Rule, Severity, register
+from qdq.rule import Change, CheckContext, Finding, FixContext, FixSafety, Rule, Severity, mention, register
 
 # The key of `lower_bounds` for SiLU as exporters write it: Mul(x, Sigmoid(x)).
 SILU = "Mul(x, Sigmoid(x))"
@@ -94,7 +94,7 @@ class ClippedZeroPoint(Rule):
             yield self.finding(ctx, qt.quantize, [ctx.value_name(m) for m in group], subject=group,
                                fixable=fixable, tensor=ctx.value_name(qt), bound=low,
                                op=bounds.op_name(producer) if producer is not None else "?",
-                               activation=producer.name if producer is not None else "",
+                               activation=mention(producer),
                                zero_point=int(zero_point.ravel()[0]), expected=int(expected))
 
     def fix(self, ctx: FixContext, finding: Finding) -> list[Change]:

@@ -23,7 +23,7 @@ from qdq.insertion import quantize_for, quantize_hint, read_through
 from qdq.operands import BIAS_INPUT, WEIGHT_INPUT
 from qdq.quant_index import DEQUANTIZE, QUANTIZE, resolve_constant
 from qdq.requantize import describe
-from qdq.rule import Change, CheckContext, Finding, FixContext, FixSafety, Rule, Severity, register
+from qdq.rule import Change, CheckContext, Finding, FixContext, FixSafety, Rule, Severity, mention, register
 
 
 def dequantized_inputs(ctx: CheckContext, node: ir.Node, will_be: frozenset[int] = frozenset()) -> bool:
@@ -134,7 +134,7 @@ class FloatOutput(Rule):
                 continue
             for slot, tensor in enumerate(consumer.inputs):
                 if tensor is site:
-                    reason = f"{finding.node}'s output reaches only Qs, so its node unit fuses; reads {quantize.name}'s value"
+                    reason = f"{finding.node}'s output reaches only Qs, so its node unit fuses; reads {mention(quantize)}'s value"
                     changes.append(read_through(ctx, consumer, slot, quantize, self.code, reason))
         return changes
 
@@ -204,7 +204,7 @@ class FixedRangeOutput(Rule):
         new = f"{ctx.params['dtype']} {describe(np.asarray(scale), np.asarray(zero_point))}"
         reason = (f"{node.op} output range [{low:g}, {high:g}] is fixed: Q/DQ without data so the {node.op} and its "
                   f"consumers can run as integer ops; values move by at most one step ({scale:.6g})")
-        return [Change(self.code, node.name, out.name, "float", new, reason,
+        return [Change(self.code, mention(node), out.name, "float", new, reason,
                        {"scale": scale, "zero_point": zero_point, "max_error": scale})]
 
 

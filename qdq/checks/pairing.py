@@ -13,7 +13,7 @@ import numpy as np
 
 from qdq.checks.alignment import can_share, share_params
 from qdq.quant_index import PER_TENSOR, QParams
-from qdq.rule import Change, CheckContext, Finding, FixContext, FixSafety, Rule, Severity, register
+from qdq.rule import Change, CheckContext, Finding, FixContext, FixSafety, Rule, Severity, mention, register
 
 
 @register
@@ -47,7 +47,7 @@ class QDQParamMismatch(Rule):
                 continue
             yield self.finding(
                 ctx, dq_node, [qt.integer, q.scale_input, dq.scale_input],
-                quantize=qt.quantize.name, detail=_difference(q, dq), q=q.describe(), dq=dq.describe(),
+                quantize=mention(qt.quantize), detail=_difference(q, dq), q=q.describe(), dq=dq.describe(),
             )
 
 
@@ -102,15 +102,15 @@ class NoopRequantize(_DequantizeQuantize):
                 out = q.node.outputs[0]
                 yield self.finding(
                     ctx, q.node, [dq.node.inputs[0], out], subject=(dq, q),
-                    fixable=not ctx.index.is_graph_output(out), dequantize=dq.node.name,
+                    fixable=not ctx.index.is_graph_output(out), dequantize=mention(dq.node),
                 )
 
     def fix(self, ctx: FixContext, finding: Finding) -> list[Change]:
         dq, q = finding.subject
         integer, out = dq.node.inputs[0], q.node.outputs[0]
         ctx.edits.replace_uses(out, integer)
-        return [Change(self.code, q.node.name, out.name, out.name, integer.name,
-                       f"readers of {out.name} now read {integer.name}; {q.node.name} is unused")]
+        return [Change(self.code, mention(q.node), out.name, out.name, integer.name,
+                       f"readers of {out.name} now read {integer.name}; {mention(q.node)} is unused")]
 
 
 @register
@@ -140,7 +140,7 @@ class RequantizeChain(_DequantizeQuantize):
                 fixable = ctx.params["unify"] and None not in members and can_share(ctx, members)
                 yield self.finding(
                     ctx, q.node, [dq.node.inputs[0], q.node.outputs[0]], subject=members, fixable=fixable,
-                    dequantize=dq.node.name, old_scale=_short(dq), new_scale=_short(q),
+                    dequantize=mention(dq.node), old_scale=_short(dq), new_scale=_short(q),
                 )
 
     def fix(self, ctx: FixContext, finding: Finding) -> list[Change]:
@@ -186,12 +186,12 @@ class DuplicateQuantize(Rule):
                 yield self.finding(
                     ctx, other_node, [source, out], subject=(first, other),
                     fixable=same and not ctx.index.is_graph_output(out),
-                    tensor=source.name, first=qs[0].name, detail="" if same else " with different parameters",
+                    tensor=source.name, first=mention(qs[0]), detail="" if same else " with different parameters",
                 )
 
     def fix(self, ctx: FixContext, finding: Finding) -> list[Change]:
         first, other = finding.subject
         kept, dropped = first.node.outputs[0], other.node.outputs[0]
         ctx.edits.replace_uses(dropped, kept)
-        return [Change(self.code, other.node.name, dropped.name, dropped.name, kept.name,
-                       f"readers of {dropped.name} now read {kept.name}; {other.node.name} is unused")]
+        return [Change(self.code, mention(other.node), dropped.name, dropped.name, kept.name,
+                       f"readers of {dropped.name} now read {kept.name}; {mention(other.node)} is unused")]

@@ -29,7 +29,7 @@ from qdq.insertion import (
 )
 from qdq.operands import BIAS_INPUT, WEIGHT_INPUT, output_channel_axis
 from qdq.quant_index import DEQUANTIZE, QUANTIZE, QuantIndex, resolve_constant
-from qdq.rule import Change, CheckContext, Finding, FixContext, FixSafety, Rule, Severity, register
+from qdq.rule import Change, CheckContext, Finding, FixContext, FixSafety, Rule, Severity, mention, register
 
 # The op lists these rules read (which ops commute with Q/DQ, which fuse into a conv) are target
 # knowledge: the rule set gives them (rules/trt.toml [params]); the defaults here are empty.
@@ -65,7 +65,7 @@ def _quantize_activation(ctx: FixContext, consumer: ir.Node, slot: int, code: st
     if quantize is None:
         return []
     source = f"new Q/DQ ({describe_quantize(quantize)}) from the calibration data" if measured else \
-        f"reads {quantize.name}'s value, as its other consumers do"
+        f"reads {mention(quantize)}'s value, as its other consumers do"
     return [read_through(ctx, consumer, slot, quantize, code, f"{why}; {source}")]
 
 
@@ -155,7 +155,7 @@ def _output_quantizes(ctx: CheckContext, node: ir.Node) -> list[str]:
         tensor, activation_allowed = stack.pop()
         for consumer, _ in ctx.index.consumers_through(tensor):
             if consumer.op == QUANTIZE:
-                found.append(consumer.name)
+                found.append(mention(consumer))
             elif consumer.outputs and (consumer.op in ctx.params["transparent"] or (
                     activation_allowed and consumer.op in ("Relu", "Clip"))):
                 stack.append((consumer.outputs[0], False))
@@ -286,9 +286,9 @@ class FloatResidual(_ResidualRule):
             # The fused layer writes float, so the Qs after it run alone; and a Q the residual has
             # for other readers runs alone too, since its producer must also write float for the Add.
             own = existing_quantize(residual)
-            standalone = _output_quantizes(ctx, node) + ([own.name] if own is not None else [])
+            standalone = _output_quantizes(ctx, node) + ([mention(own)] if own is not None else [])
             yield self.finding(ctx, node, [residual], subject=(node, 1 - slot), fixable=fixable,
-                               residual=residual.name, conv=branch.producer.name, how=how, standalone=standalone)
+                               residual=residual.name, conv=mention(branch.producer), how=how, standalone=standalone)
 
     def fix(self, ctx: FixContext, finding: Finding) -> list[Change]:
         node, slot = finding.subject
@@ -321,15 +321,15 @@ class QdqInFusedBranch(_ResidualRule):
         for node, slot, branch in self.residual_adds(ctx):
             if branch.quantize is not None and not (shared and branch.activation is not None):
                 yield self.finding(ctx, node, [branch.quantize.outputs[0]], subject=(node, slot, branch.quantize),
-                                   quantize=branch.quantize.name, conv=branch.producer.name,
-                                   standalone=[branch.quantize.name])
+                                   quantize=mention(branch.quantize), conv=mention(branch.producer),
+                                   standalone=[mention(branch.quantize)])
 
     def fix(self, ctx: FixContext, finding: Finding) -> list[Change]:
         node, slot, quantize = finding.subject
         before = quantize.inputs[0]
         ctx.edits.set_input(node, slot, before)
-        return [Change(self.code, node.name, before.name, f"Q/DQ ({describe_quantize(quantize)})", "float",
-                       f"removed {quantize.name} and its DQ so the Conv and the Add fuse")]
+        return [Change(self.code, mention(node), before.name, f"Q/DQ ({describe_quantize(quantize)})", "float",
+                       f"removed {mention(quantize)} and its DQ so the Conv and the Add fuse")]
 
 
 def _before_qdq(tensor: ir.Tensor) -> tuple[ir.Tensor, ir.Node | None]:
@@ -393,13 +393,13 @@ class QdqBeforeActivation(Rule):
         for node in ctx.graph.nodes:
             for slot, source, quantize, conv in _activation_reads(ctx, node):
                 yield self.finding(ctx, node, [quantize.outputs[0]], subject=(node, slot, source, quantize),
-                                   quantize=quantize.name, conv=conv.name, op=node.op, standalone=[quantize.name])
+                                   quantize=mention(quantize), conv=mention(conv), op=node.op, standalone=[mention(quantize)])
 
     def fix(self, ctx: FixContext, finding: Finding) -> list[Change]:
         node, slot, source, quantize = finding.subject
         ctx.edits.set_input(node, slot, source)
-        return [Change(self.code, node.name, source.name, f"Q/DQ ({describe_quantize(quantize)})", "float",
-                       f"removed {quantize.name} and its DQ so the activation fuses into the conv")]
+        return [Change(self.code, mention(node), source.name, f"Q/DQ ({describe_quantize(quantize)})", "float",
+                       f"removed {mention(quantize)} and its DQ so the activation fuses into the conv")]
 
 
 @register

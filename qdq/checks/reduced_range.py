@@ -17,7 +17,7 @@ from qdq.dtypes import QuantType
 from qdq.ops import DEQUANTIZE
 from qdq.quant_index import PER_TENSOR, QTensor, resolve_constant, source_values
 from qdq.requantize import set_params
-from qdq.rule import Change, CheckContext, Finding, FixContext, FixSafety, Rule, Severity, register
+from qdq.rule import Change, CheckContext, Finding, FixContext, FixSafety, Rule, Severity, mention, register
 
 
 def clip_bounds(ctx: CheckContext, clip: ir.Node) -> tuple[float | None, float | None]:
@@ -83,7 +83,7 @@ class ReducedRangeQuantizer(Rule):
                 )
                 yield self.finding(
                     ctx, clip, [ctx.value_name(qt)], subject=(qt, clips, readers), fixable=fixable,
-                    clip=", ".join(c.name for c in clips), quantize=qt.quantize.name, dtype=qtype.name,
+                    clip=", ".join(c.name for c in clips), quantize=mention(qt.quantize), dtype=qtype.name,
                     low=_text(low), high=_text(high),
                 )
 
@@ -111,7 +111,7 @@ class ReducedRangeQuantizer(Rule):
             for dq in reader.dequantizes:
                 ctx.edits.set_input(dq, 0, qt.integer)
         if not changes:  # the grid stays: only the Clip goes
-            changes.append(Change(self.code, clips[0].name, ctx.value_name(qt), clip, None, reason))
+            changes.append(Change(self.code, mention(clips[0]), ctx.value_name(qt), clip, None, reason))
         for change in changes:
             change.values.update(old_range=list(old_range), new_range=list(new_range))
         return changes

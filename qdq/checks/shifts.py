@@ -20,7 +20,7 @@ from qdq.operands import BIAS_INPUT, WEIGHT_INPUT, input_value, output_value, po
 from qdq.quant_index import QTensor
 from qdq.dtypes import type_name
 from qdq.requantize import set_params
-from qdq.rule import Change, CheckContext, Finding, FixContext, FixSafety, Rule, Severity, register
+from qdq.rule import Change, CheckContext, Finding, FixContext, FixSafety, Rule, Severity, mention, register
 
 # How a Conv's output position is found (fused activations, DPU multiplies): set in the rule set.
 _OUTPUT_LOOKUP = {"output_through": [], "output_through_mul": []}
@@ -39,7 +39,7 @@ class _ShiftRule(Rule):
         return ctx.index.nodes_of(ctx.params["ops"])
 
     def move(self, ctx: FixContext, qt: QTensor, pos: int, node: ir.Node, why: str) -> list[Change]:
-        return set_params(ctx, qt, 2.0**-pos, self.code, f"{node.name}: {why}")
+        return set_params(ctx, qt, 2.0**-pos, self.code, f"{mention(node)}: {why}")
 
     def check(self, ctx: CheckContext) -> Iterable[Finding]:
         for node in self.nodes(ctx):

@@ -20,7 +20,7 @@ from qdq.errors import RuleSetError
 from qdq.operands import WEIGHT_INPUT, input_value, output_channel_axis
 from qdq.quant_index import PER_TENSOR, QParams, QTensor, resolve_constant, source_values
 from qdq.requantize import set_params, why_type_is_fixed
-from qdq.rule import Change, CheckContext, Finding, FixContext, FixSafety, Rule, Severity, register
+from qdq.rule import Change, CheckContext, Finding, FixContext, FixSafety, Rule, Severity, mention, register
 
 # The uint8 rewrite: int8 weights become uint8, the same grid 128 higher.
 _FROM, _TO, _SHIFT = TensorProto.INT8, TensorProto.UINT8, 128
@@ -127,7 +127,7 @@ class SaturatingWeightType(Rule):
                 reason = f"its scales run along axis {params.axis}, not the output channels"
             yield self.finding(ctx, weight.nodes[0], [ctx.value_name(weight)],
                                subject=(weight, node, at_risk, axis, how),
-                               fixable=reason is None, op=node.op, consumer=node.name,
+                               fixable=reason is None, op=node.op, consumer=mention(node),
                                tensor=ctx.value_name(weight), pair=int(pairs.max()), channels=int(at_risk.sum()),
                                outputs=at_risk.size, input_max=_INPUT_MAX, pair_limit=limit,
                                expected="narrower int8" if how == "7-bit" else type_name(_TO),
