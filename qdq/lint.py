@@ -136,7 +136,9 @@ def lint(
     # The rules allocate many small objects next to a graph of millions; with the cyclic
     # collector on, its full passes over the graph took a quarter of lint time at 100k nodes.
     with gc_paused():
-        index = index or QuantIndex(model)
+        if index is None:
+            progress.step("indexing the Q/DQ nodes")
+            index = QuantIndex(model)
         if not index.has_qdq:
             notes.append("the model has no QuantizeLinear or DequantizeLinear nodes: nothing to check")
         enabled = ruleset.enabled() if index.has_qdq else []

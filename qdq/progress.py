@@ -43,12 +43,16 @@ class _Display:
 
 
 _display: _Display | None = None
+# (text, start time) of every step while `timed()` is active.
+_timeline: list[tuple[str, float]] | None = None
 
 
 def step(text: str) -> None:
-    """Say what the run is doing now (a no-op unless `shown()` is active)."""
+    """Say what the run is doing now (a no-op unless `shown()` or `timed()` is active)."""
     if _display is not None:
         _display.show(text)
+    if _timeline is not None:
+        _timeline.append((text, time.perf_counter()))
 
 
 @contextmanager
@@ -64,3 +68,18 @@ def shown(stream: TextIO, enabled: bool = True, clock: Callable[[], float] = tim
     finally:
         _display.erase()
         _display = None
+
+
+@contextmanager
+def timed() -> Iterator[list[tuple[str, float]]]:
+    """Where a run's time goes: the list this yields holds each step's text and its seconds (until
+    the next step, or the end of the block) once the block ends. For benchmarks/lint_profile.py."""
+    global _timeline
+    durations: list[tuple[str, float]] = []
+    _timeline = [("(before the first step)", time.perf_counter())]
+    try:
+        yield durations
+    finally:
+        ends = [start for _, start in _timeline[1:]] + [time.perf_counter()]
+        durations.extend((text, end - start) for (text, start), end in zip(_timeline, ends))
+        _timeline = None

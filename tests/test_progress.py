@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import time
 
 from qdq import progress
 
@@ -65,3 +66,14 @@ def test_pipes_and_quiet_runs_write_nothing():
 
 def test_step_outside_a_display_is_a_no_op():
     progress.step("nobody is watching")  # must not raise
+
+
+def test_timed_gives_each_step_the_time_until_the_next():
+    with progress.timed() as steps:
+        progress.step("reading m.onnx")
+        time.sleep(0.05)
+        progress.step("checking QDQ504 (3/20)")
+    assert [text for text, _ in steps] == ["(before the first step)", "reading m.onnx", "checking QDQ504 (3/20)"]
+    assert steps[1][1] >= 0.05 and steps[2][1] >= 0
+    progress.step("after the block")  # recorded nowhere
+    assert len(steps) == 3

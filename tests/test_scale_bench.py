@@ -1,6 +1,7 @@
 """Smoke test of benchmarks/scale.py: its generated models are valid, and a one-repeat run on
 small ones judges every target of issue 8 from a measurement (the numbers themselves are not
-asserted: at this size they say nothing about scale); and of benchmarks/graph_layer.py, which runs."""
+asserted: at this size they say nothing about scale); and of benchmarks/graph_layer.py and
+benchmarks/lint_profile.py, which run."""
 
 from __future__ import annotations
 
@@ -61,3 +62,20 @@ def test_graph_layer_benchmark_times_both_libraries(tmp_path, monkeypatch, capsy
     assert row["changes"] > 0
     assert all(row[f"{library}_{step}_s"] > 0 for library in ("qdq", "graphsurgeon") for step in ("read", "tidy", "write"))
     assert json.loads(capsys.readouterr().out) == row
+
+
+def test_lint_profile_times_every_phase_and_rule(tmp_path, capsys):
+    import qdq
+    from qdq.ruleset import load_target
+
+    model = BENCHMARKS.parent / "examples" / "models" / "demo_fx_qat.onnx"
+    out = tmp_path / "profile.json"
+    assert load("lint_profile").main([str(model), "--target", "trt", "--repeats", "1", "--json", str(out)]) == 0
+    profile = json.loads(out.read_text())
+    phases = profile["seconds"]
+    assert {"reading MODEL", "checking MODEL with the ONNX checker", "building the graph of MODEL",
+            "indexing the Q/DQ nodes", "rendering the text report"} <= set(phases)
+    assert {p for p in phases if p.startswith("QDQ")} == {rule.code for rule, _ in load_target("trt").enabled()}
+    assert all(seconds >= 0 for seconds in phases.values()) and phases["building the graph of MODEL"] > 0
+    assert profile["findings"] == len(qdq.lint(model, target="trt").findings)
+    assert "slowest rules:" in capsys.readouterr().out
