@@ -49,7 +49,7 @@ def read_through(ctx: FixContext, consumer: ir.Node, slot: int, quantize: ir.Nod
                              inputs=[quantize.outputs[0], *quantize.inputs[1:]], outputs=[out])
         ctx.edits.add_node(dequantize)
     ctx.edits.set_input(consumer, slot, dequantize.outputs[0])
-    return Change(code, mention(consumer), tensor.name, "float", f"DQ({quantize.name})", reason)
+    return Change(code, mention(consumer), tensor.name, "float", f"DQ({mention(quantize)})", reason)
 
 
 def quantize_hint(ctx: CheckContext, tensor: ir.Tensor, movers: Iterable[str] = ()) -> tuple[bool, str]:
