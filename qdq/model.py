@@ -283,9 +283,10 @@ def _repaired_and_checked(proto: onnx.ModelProto, path: Path) -> list[str]:
     """
     try:
         _check(proto, path, repaired=False)
-        return normalize(proto, checked=True)
     except Exception as exc:
         refusal = exc
+    else:
+        return normalize(proto, checked=True)
     notes = normalize(proto)
     if notes:
         try:
