@@ -68,14 +68,14 @@ def test_a_model_lints_and_fixes_the_same_without_node_names(tmp_path, name):
     for target in TARGETS:
         named, unnamed = qdq.lint(source, target=target), qdq.lint(bare, target=target)
         assert sorted((f.code, f.tensors) for f in named.findings) == sorted((f.code, f.tensors) for f in unnamed.findings)
-    written = {}
+    written, changes = {}, {}
     for label, path in (("named", source), ("unnamed", bare)):
         result = qdq.fix(path, target="trt")
         written[label] = tmp_path / f"{label}.fixed.onnx"
         save_model(result.model, written[label])
-        written[label + " changes"] = sorted((c.code, c.tensor) for c in result.changes)
+        changes[label] = sorted((c.code, c.tensor) for c in result.changes)
         assert all(c.node for c in result.changes)
-    assert written["named changes"] == written["unnamed changes"]
+    assert changes["named"] == changes["unnamed"]
     read = {(node.op_type, node.output[0]) for node in proto.graph.node}  # nodes a fix added have names
     assert not any(node.name for node in onnx.load(str(written["unnamed"])).graph.node
                    if (node.op_type, node.output[0]) in read)
