@@ -5,6 +5,14 @@ from __future__ import annotations
 from qdq import ir
 
 
+def stem(node: ir.Node) -> str:
+    """The base of names made after a node: its name, or its first output's for the unnamed nodes
+    some tools write, so that a fix never creates tensors called "_bias" or "_input2"."""
+    if node.name or not node.outputs:
+        return node.name
+    return node.outputs[0].name
+
+
 class Names:
     """Fresh tensor names for one fix run; collects the graph's names once instead of on every call.
 

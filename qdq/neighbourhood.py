@@ -80,7 +80,7 @@ class _Graph:
         for upstream in (True, False):
             self._walk(centre, upstream, kept)
         ids = {key: f"n{k}" for k, key in enumerate(kept)}
-        nodes = [Node(ids[id(n)], n.name, n.op, self._params(n), n is centre) for n in kept.values()]
+        nodes = [Node(ids[id(n)], mention(n), n.op, self._params(n), n is centre) for n in kept.values()]
         edges = [(ids[id(n)], ids[id(consumer)], tensor.name)
                  for n in kept.values() for tensor in n.outputs for consumer in tensor.outputs if id(consumer) in kept]
         return Neighbourhood(nodes, edges, tuple(marked))

@@ -55,6 +55,7 @@ def test_pictures_centre_on_the_unnamed_node_a_finding_names():
         centre = next(node.id for node in drawn.nodes if node.centre)
         written = {tensor for producer, _, tensor in drawn.edges if producer == centre}
         assert LABEL.fullmatch(finding.node).group(1) in written, (finding.node, written)
+        assert all(LABEL.fullmatch(node.name) for node in drawn.nodes)  # every box says which node it is
 
 
 @pytest.mark.parametrize("name", ["ort/transformer_u8_per_channel.onnx", "quark/resnet_xint8.onnx"])
@@ -92,3 +93,24 @@ def test_a_per_node_ignore_matches_an_unnamed_node_as_its_findings_show_it():
     ignores = {shown: ["ALL"]}
     assert [f for f in findings if is_ignored(f, ignores)] == [f for f in findings if f.node == shown]
     assert len({f.node for f in findings}) > 1
+
+
+# Real-tool models whose fixes create tensors named after a node: a folded BatchNorm bias, a
+# private copy of a shared bias, a constant folded into an op's input.
+NODE_NAMED_TENSORS = [("torch/yolo_fx_qat_x86.onnx", "npu"), ("torch/yolo_fx_convert_x86.onnx", "trt"),
+                      ("torch/transformer_fx_qat_qnnpack.onnx", "trt")]
+
+
+@pytest.mark.parametrize(("name", "target"), NODE_NAMED_TENSORS)
+def test_tensors_a_fix_creates_for_an_unnamed_node_are_named_after_its_output(tmp_path, name, target):
+    proto = onnx.load(str(CORPUS / name))
+    for node in proto.graph.node:
+        node.name = ""
+    bare = tmp_path / "bare.onnx"
+    onnx.save(proto, str(bare))
+    before = {t for node in proto.graph.node for t in [*node.input, *node.output] if t}
+    before |= {tensor.name for tensor in proto.graph.initializer} | {i.name for i in proto.graph.input}
+    created = set(qdq.fix(bare, target=target).model.graph.tensors()) - before
+    assert created, "the model was chosen for its fixes"
+    unrooted = sorted(t for t in created if not any(t.startswith(old) for old in before))
+    assert not unrooted, unrooted[:5]

@@ -18,6 +18,7 @@ import numpy as np
 from onnx import helper
 
 from qdq import ir
+from qdq.names import stem
 from qdq.operands import BIAS_INPUT, WEIGHT_INPUT, input_value
 from qdq.quant_index import PER_TENSOR, ConstantSource, QParams, QTensor, resolve_constant, source_values
 from qdq.rounding import RoundingCost, along, quantize
@@ -369,7 +370,7 @@ def _fold_bias(ctx: FixContext, chain: _Chain, weight_scale: np.ndarray) -> dict
     node, params = chain.node, chain.weight_params
     real = chain.k * chain.bias + chain.d
     slot = BIAS_INPUT[node.op]
-    name = ctx.new_name(f"{node.name}_folded_bias")
+    name = ctx.new_name(f"{stem(node)}_folded_bias")
     values: dict = {}
     if chain.bias_value is None:
         float_type = _np_type(params.scale_source.elem_type) if params.scale_source is not None else np.float32

@@ -18,6 +18,7 @@ from qdq import ir
 from qdq.constant_eval import constant_ancestry, evaluate_constant
 from qdq.dtypes import quant_type, type_name
 from qdq.insertion import float_type, read_dequantized
+from qdq.names import stem
 from qdq.operands import BIAS_INPUT, WEIGHT_INPUT, input_value
 from qdq.quant_index import PER_TENSOR, QuantIndex, QTensor, resolve_constant, source_values
 from qdq.requantize import describe, quantize_blocks, set_params
@@ -86,9 +87,9 @@ def _private(ctx: FixContext, node: ir.Node, bias: QTensor) -> QTensor:
     readers = [c for dq in bias.dequantizes for t in dq.outputs for c, _ in ctx.index.consumers_through(t)]
     if readers == [node]:
         return bias
-    out = ir.Variable(ctx.new_name(f"{node.name}_bias"), dtype=dequantize.outputs[0].dtype,
+    out = ir.Variable(ctx.new_name(f"{stem(node)}_bias"), dtype=dequantize.outputs[0].dtype,
                       shape=dequantize.outputs[0].shape)
-    private = ir.Node(dequantize.op, ctx.new_name(f"{node.name}_bias_DequantizeLinear"), attrs=dict(dequantize.attrs),
+    private = ir.Node(dequantize.op, ctx.new_name(f"{stem(node)}_bias_DequantizeLinear"), attrs=dict(dequantize.attrs),
                       inputs=list(dequantize.inputs), outputs=[out], domain=dequantize.domain)
     ctx.edits.add_node(private)
     ctx.edits.set_input(node, BIAS_INPUT[node.op], out)
@@ -238,7 +239,7 @@ class QuantizedBias(Rule):
         if values is None:
             return []
         old = node.inputs[slot].name
-        base = f"{node.name}_bias" if finding.values["what"] == "bias" else f"{node.name}_input{slot}"
+        base = f"{stem(node)}_bias" if finding.values["what"] == "bias" else f"{stem(node)}_input{slot}"
         ctx.edits.set_input(node, slot, ctx.model.new_constant(ctx.new_name(base, replacing=old), values))
         return [Change(self.code, mention(node), finding.tensors[0], finding.values["dtype"], str(values.dtype),
                        f"{mention(node)}: {finding.values['what']} folded into a float constant ({values.size} values, "

@@ -22,6 +22,7 @@ from qdq import ir
 from qdq.constant_eval import constant_ancestry, evaluate_constant
 from qdq.dtypes import type_name
 from qdq.insertion import float_type
+from qdq.names import stem
 from qdq.operands import input_value
 from qdq.quant_index import PER_TENSOR, QuantIndex, resolve_constant
 from qdq.rule import Change, CheckContext, Finding, FixContext, FixSafety, Rule, Severity, mention, register
@@ -168,7 +169,7 @@ class QuantizedSmallGemm(Rule):
                 folded = evaluate_constant(ctx, node.inputs[slot])
                 if folded is None:
                     continue
-                constant = ctx.model.new_constant(ctx.new_name(f"{node.name}_input{slot}", replacing=old), folded)
+                constant = ctx.model.new_constant(ctx.new_name(f"{stem(node)}_input{slot}", replacing=old), folded)
                 ctx.edits.set_input(node, slot, constant)
                 how = f"folded into a float constant ({folded.size} values, as onnxruntime dequantized them)"
             else:
