@@ -1,7 +1,7 @@
 """Smoke test of benchmarks/scale.py: its generated models are valid, and a one-repeat run on
 small ones judges every target of issue 8 from a measurement (the numbers themselves are not
-asserted: at this size they say nothing about scale); and of benchmarks/graph_layer.py and
-benchmarks/lint_profile.py, which run."""
+asserted: at this size they say nothing about scale); and of benchmarks/graph_layer.py,
+benchmarks/lint_profile.py and benchmarks/ort_session_phases.py, which run."""
 
 from __future__ import annotations
 
@@ -79,3 +79,15 @@ def test_lint_profile_times_every_phase_and_rule(tmp_path, capsys):
     assert all(seconds >= 0 for seconds in phases.values()) and phases["building the graph of MODEL"] > 0
     assert profile["findings"] == len(qdq.lint(model, target="trt").findings)
     assert "slowest rules:" in capsys.readouterr().out
+
+
+def test_ort_session_phases_finds_every_phase_in_onnxruntimes_log(tmp_path, capsys):
+    benchmark = load("ort_session_phases")
+    model = BENCHMARKS.parent / "examples" / "models" / "demo_fx_qat.onnx"
+    out = tmp_path / "phases.json"
+    assert benchmark.main([str(model), "--json", str(out)]) == 0
+    seconds = json.loads(out.read_text())["seconds"][str(model)]
+    assert set(benchmark.PHASES) <= set(seconds), "a phase's log lines are missing: onnxruntime changed its words"
+    assert all(value >= 0 for value in seconds.values()) and seconds["total"] > 0
+    assert abs(sum(v for phase, v in seconds.items() if phase != "total") - seconds["total"]) < 1e-6
+    assert str(model) in capsys.readouterr().out
