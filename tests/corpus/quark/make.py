@@ -13,7 +13,11 @@ on resnet, mobilenetv2 and yolo:
 - `ARCH_xint8_int32bias.onnx`: the same with `Int32Bias=True` (bias scale = input × weight scale).
 
 and, once each on yolo: `yolo_a8w8.onnx` (`A8W8`: int8 symmetric MinMax, com.microsoft Q/DQ) and
-`yolo_u8s8.onnx` (`U8S8_AAWS`: uint8 activations, int8 weights, percentile calibration).
+`yolo_u8s8.onnx` (`U8S8_AAWS`: uint8 activations, int8 weights, percentile calibration);
+`transformer_a16w8.onnx` (`A16W8`, Ryzen AI's configuration for transformers: int16 symmetric
+activations, int8 weights, com.microsoft Q/DQ); `resnet_bf16.onnx` (`BF16`: Quark's own
+ExtendedQuantizeLinear/ExtendedDequantizeLinear in the com.amd.quark domain, which qdq does not
+read and onnxruntime runs only with Quark's custom-op library).
 
 Quark torch FX (`quark.torch.ModelQuantizer` with `QuantizationMode.fx_graph_mode`, `freeze()`,
 `quark.torch.export_onnx`): `ARCH_fx_pow2.onnx`, int8 symmetric per-tensor pow2 scales
@@ -73,6 +77,8 @@ ONNX_VARIANTS = [
     *[(f"{arch}_xint8_int32bias.onnx", arch, "XINT8", {"Int32Bias": True}) for arch in CNNS],
     ("yolo_a8w8.onnx", "yolo", "A8W8", {}),
     ("yolo_u8s8.onnx", "yolo", "U8S8_AAWS", {}),
+    ("transformer_a16w8.onnx", "transformer", "A16W8", {}),
+    ("resnet_bf16.onnx", "resnet", "BF16", {}),
 ]
 
 # What onnx 1.23.2 and onnxruntime 1.31.1 say of the files, and what Quark's refine log reported.
@@ -90,6 +96,11 @@ NOTES = {
         "and the GlobalAveragePool output pos 4 to its input pos 3"
     ),
     "yolo_a8w8.onnx": "QuantizeLinear/DequantizeLinear in the com.microsoft domain; int32 bias",
+    "transformer_a16w8.onnx": "QuantizeLinear/DequantizeLinear in the com.microsoft domain (int16 activations)",
+    "resnet_bf16.onnx": (
+        "bfloat16 through com.amd.quark ExtendedQuantizeLinear/ExtendedDequantizeLinear: onnxruntime 1.31.1 "
+        "without Quark's custom-op library refuses the file (not a registered op)"
+    ),
 }
 
 POW2_INT8 = QTensorConfig(
