@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from qdq import progress
 from qdq.model import Model, gc_paused
+from qdq.ops import is_unread_quantizer
 from qdq.quant_index import QuantIndex
 from qdq.rule import CheckContext, Finding, Severity
 from qdq.ruleset import RuleConfig, RuleSet
@@ -139,8 +141,7 @@ def lint(
         if index is None:
             progress.step("indexing the Q/DQ nodes")
             index = QuantIndex(model)
-        if not index.has_qdq:
-            notes.append("the model has no QuantizeLinear or DequantizeLinear nodes: nothing to check")
+        notes += _coverage_notes(model, index)
         enabled = ruleset.enabled() if index.has_qdq else []
         for number, (rule, cfg) in enumerate(enabled, 1):
             progress.step(f"checking {rule.code} {rule.name} ({number}/{len(enabled)})")
@@ -151,3 +152,17 @@ def lint(
         # Stable sort: a rule's findings on one node stay in the order the rule reported them.
         findings.sort(key=lambda f: (-f.severity, f.code, f.node or ""))
     return LintResult(model.path, ruleset, findings, rules_run, notes)
+
+
+def _coverage_notes(model: Model, index: QuantIndex) -> list[str]:
+    """What lint cannot see: a model without Q/DQ, and quantization ops qdq does not read."""
+    unread = Counter(f"{node.domain} {node.op}" if node.domain not in (None, "", "ai.onnx") else node.op
+                     for node in model.graph.nodes if is_unread_quantizer(node.op, node.domain))
+    named = ", ".join(f"{count} {op}" for op, count in sorted(unread.items()))
+    if index.has_qdq:
+        return [f"qdq does not read {sum(unread.values())} quantization op(s) ({named}): what they quantize is not checked"] \
+            if unread else []
+    if unread:
+        return [f"the model quantizes only with ops qdq does not read ({named}); qdq reads QuantizeLinear and "
+                "DequantizeLinear (ONNX and com.microsoft): nothing to check"]
+    return ["the model has no QuantizeLinear or DequantizeLinear nodes: nothing to check"]

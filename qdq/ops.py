@@ -9,3 +9,11 @@ DEQUANTIZE = "DequantizeLinear"
 QDQ_OPS = (QUANTIZE, DEQUANTIZE)
 # onnxruntime's contrib Q/DQ (com.microsoft) has the same semantics, for int16 and int4 before opset 21.
 QDQ_DOMAINS = (None, "", "ai.onnx", "com.microsoft")
+
+
+def is_unread_quantizer(op: str, domain: str | None) -> bool:
+    """A quantization op qdq does not read: a vendor's own (AMD Quark's ExtendedQuantizeLinear or
+    BFPQuantizeDequantize, Vitis AI's VitisQuantizeLinear) or dynamic quantization. Lint names
+    them, so that a model quantized only with them never reads as having nothing to check."""
+    return "quantize" in op.lower() and not (op in QDQ_OPS and domain in QDQ_DOMAINS)
+

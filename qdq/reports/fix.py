@@ -23,6 +23,7 @@ def to_dict(
         "written": written,
         "rule_set": fixed.result.ruleset.name,
         "fail_on": str(fail_on),
+        "notes": list(fixed.result.notes),
         **fixed.to_dict(),
         "verification": verification.to_dict() if verification is not None else None,
         "verification_skipped": skipped,
@@ -34,7 +35,8 @@ def render_text(
     model: Path, output: Path | None, fixed: FixResult, verification: VerifyResult | None, skipped: str | None,
     fail_on: Severity, verdict: str,
 ) -> str:
-    lines = [change_line(c) for c in fixed.changes]
+    # Notes first, as lint prints them: what reading repaired is in the written file too.
+    lines = [f"note: {note}" for note in fixed.result.notes] + [change_line(c) for c in fixed.changes]
     if fixed.changes:
         lines.append("By rule: " + ", ".join(f"{code} x{n}" for code, n in fixed.by_rule().items()))
     if not fixed.converged:

@@ -39,6 +39,7 @@ def render(model: Path, output: Path | None, before: LintResult, after: list, fi
         for k, f in enumerate(introduced, 1)]
     where = f"{model} → {output}" if output is not None else f"{model} (not written)"
     body = (f"<p>{escape(verdict)}; {len(fixed.changes)} change(s) in {fixed.rounds} round(s).</p>"
+            + "".join(f"<p class='note'>{escape(note)}</p>" for note in fixed.result.notes)
             + rules_table(before.findings + introduced)
             + f"<h2>Findings of the input model ({len(before.findings)})</h2>" + "".join(cards)
             + (f"<h2>Findings the fixes introduced ({len(introduced)})</h2>" + "".join(new_cards) if introduced else ""))
