@@ -565,6 +565,26 @@ def test_float_output_without_a_q_is_fixed_from_calibration_data(tmp_path):
     assert quantize.op == "QuantizeLinear" and quantize.inputs[2].values.dtype == np.uint8
 
 
+# Quark's A16W8, Ryzen AI's configuration for transformers: int16 activations, zero-point 0 after Softmax.
+QUARK_A16W8 = Path(__file__).resolve().parent / "corpus" / "quark" / "transformer_a16w8.onnx"
+
+
+def test_qdq507_leaves_16_bit_activations_alone_on_onnxruntime(tmp_path):
+    model = load_model(QUARK_A16W8)
+    assert found(model, "QDQ507") == []  # rules/ort.toml: both of the rule's reasons are 8-bit kernels
+    every_type = found(model, "QDQ507", with_params("QDQ507", tmp_path, 'types = ["uint8", "int8", "uint16", "int16"]'))
+    assert every_type, "the model was chosen for its one-sided int16 activations"
+    graph = onnx.load(str(QUARK_A16W8)).graph
+    zero_points = {t.name: t.data_type for t in graph.initializer}
+    quantizes = {n.name: n for n in graph.node if n.op_type == "QuantizeLinear"}
+    assert {zero_points[quantizes[f.node].input[2]] for f in every_type} == {onnx.TensorProto.INT16}
+
+
+def test_qdq507_rejects_a_type_that_is_no_integer_type(tmp_path):
+    with pytest.raises(RuleSetError, match="QDQ507.types"):
+        found(load(relu_pool(), tmp_path), "QDQ507", with_params("QDQ507", tmp_path, 'types = ["unit8"]'))
+
+
 # --- QDQ508 saturating-weight-type ------------------------------------------------------------------
 
 PAIR_LIMIT = ORT.rules["QDQ508"].params["pair_limit"]

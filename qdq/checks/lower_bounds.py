@@ -15,6 +15,8 @@ import numpy as np
 
 from qdq import ir
 from qdq.checks.reduced_range import clip_bounds
+from qdq.dtypes import QUANT_TYPES_BY_NAME
+from qdq.errors import RuleSetError
 from qdq.operands import ACTIVATION, output_value, role, scale_of
 from qdq.quant_index import QUANTIZE, QTensor, is_uniform
 from qdq.requantize import set_params
@@ -51,7 +53,7 @@ class ClippedZeroPoint(Rule):
     The grid points stay where they were: every value the old grid held (down to -128 · 0.05,
     below lo anyway, up to 127 · 0.05) gives the same number as before; values above the old
     maximum, which it saturated, are now represented up to 249 · 0.05. Marked approximate for
-    those values only.
+    those values only. `types` names the activation types the rule applies to.
     """
 
     code = "QDQ507"
@@ -65,9 +67,14 @@ class ClippedZeroPoint(Rule):
         "carry": ["MaxPool", "Reshape", "Transpose", "Squeeze", "Unsqueeze", "Flatten", "Slice", "Resize", "Concat"],
         "sum": ["Add"],
         "through": ["MaxPool", "Reshape", "Transpose", "Squeeze", "Unsqueeze", "Flatten", "Slice", "Resize"],
+        "types": ["uint8", "int8", "uint16", "int16"],
     }
 
     def check(self, ctx: CheckContext) -> Iterable[Finding]:
+        integer = [name for name, qtype in QUANT_TYPES_BY_NAME.items() if not qtype.is_float]
+        if not set(ctx.params["types"]) <= set(integer):
+            raise RuleSetError(f"{self.code}.types must name integer types ({', '.join(integer)}), "
+                               f"got {ctx.params['types']!r}")
         bounds = _Bounds(ctx)
         covered: set[int] = set()
         for qt in ctx.index.qtensors:
@@ -76,7 +83,7 @@ class ClippedZeroPoint(Rule):
                 continue
             params = ctx.index.params(qt.quantize)
             qtype, zero_point = params.qtype, params.zero_point
-            if qtype is None or qtype.is_float or not is_uniform(zero_point):
+            if qtype is None or qtype.name not in ctx.params["types"] or not is_uniform(zero_point):
                 continue
             tensor = qt.quantize.inputs[0]
             if isinstance(tensor, ir.Constant) or not _read_by_its_dequantizes(ctx, qt):
