@@ -475,8 +475,9 @@ class ActivationType(Rule):
 
     Example: `Q(x, s=0.05, zp=0 int8) → DQ`. The fix writes uint8 with zp 128 on the Q and every
     DQ of the value: q + 128 with zp + 128 dequantizes to the same numbers. Exact. Integers
-    stored in the model or read from a graph input, and Q outputs that are graph outputs, are
-    not rewritten.
+    stored in the model (a constant addend that onnxruntime's quantizer writes as int8 beside a
+    uint8 activation, which keeps the Add float) get a new constant holding them shifted. Integers
+    read from a graph input, and Q outputs that are graph outputs, are not rewritten.
     """
 
     code = "QDQ505"
@@ -539,10 +540,8 @@ def _retype(ctx: FixContext, qt: QTensor, code: str) -> list[Change]:
 
 
 def _why_not_retypable(ctx: CheckContext, qt: QTensor) -> str | None:
-    """Why a value's integer type cannot change without touching anything but its Q and DQs, if it cannot."""
-    if qt.stored:
-        return "its integers are stored in the model"
-    if qt.quantize is None:
+    """Why a value's integer type cannot change without touching anything but its Q, DQs and stored integers, if it cannot."""
+    if qt.quantize is None and not qt.stored:
         return "its integers come from outside the Q/DQ nodes"
     return why_type_is_fixed(ctx, qt)
 
