@@ -159,10 +159,9 @@ def _coverage_notes(model: Model, index: QuantIndex) -> list[str]:
     unread = Counter(f"{node.domain} {node.op}" if node.domain not in (None, "", "ai.onnx") else node.op
                      for node in model.graph.nodes if is_unread_quantizer(node.op, node.domain))
     named = ", ".join(f"{count} {op}" for op, count in sorted(unread.items()))
+    if not unread:
+        return [] if index.has_qdq else ["the model has no QuantizeLinear or DequantizeLinear nodes: nothing to check"]
     if index.has_qdq:
-        return [f"qdq does not read {sum(unread.values())} quantization op(s) ({named}): what they quantize is not checked"] \
-            if unread else []
-    if unread:
-        return [f"the model quantizes only with ops qdq does not read ({named}); qdq reads QuantizeLinear and "
-                "DequantizeLinear (ONNX and com.microsoft): nothing to check"]
-    return ["the model has no QuantizeLinear or DequantizeLinear nodes: nothing to check"]
+        return [f"qdq does not read {sum(unread.values())} quantization op(s) ({named}): what they quantize is not checked"]
+    return [f"the model quantizes only with ops qdq does not read ({named}); qdq reads QuantizeLinear and "
+            "DequantizeLinear (ONNX and com.microsoft): nothing to check"]

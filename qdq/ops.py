@@ -16,4 +16,3 @@ def is_unread_quantizer(op: str, domain: str | None) -> bool:
     BFPQuantizeDequantize, Vitis AI's VitisQuantizeLinear) or dynamic quantization. Lint names
     them, so that a model quantized only with them never reads as having nothing to check."""
     return "quantize" in op.lower() and not (op in QDQ_OPS and domain in QDQ_DOMAINS)
-

@@ -540,7 +540,7 @@ def _retype(ctx: FixContext, qt: QTensor, code: str) -> list[Change]:
 
 
 def _why_not_retypable(ctx: CheckContext, qt: QTensor) -> str | None:
-    """Why a value's integer type cannot change without touching anything but its Q, DQs and stored integers, if it cannot."""
+    """Why a value's integer type cannot change by editing only its Q, DQs and stored integers, if it cannot."""
     if qt.quantize is None and not qt.stored:
         return "its integers come from outside the Q/DQ nodes"
     return why_type_is_fixed(ctx, qt)
