@@ -141,7 +141,7 @@ def lint(
         if index is None:
             progress.step("indexing the Q/DQ nodes")
             index = QuantIndex(model)
-        notes += _coverage_notes(model, index)
+        notes += _coverage_notes(model, index) + _shared_name_notes(model)
         enabled = ruleset.enabled() if index.has_qdq else []
         for number, (rule, cfg) in enumerate(enabled, 1):
             progress.step(f"checking {rule.code} {rule.name} ({number}/{len(enabled)})")
@@ -165,3 +165,14 @@ def _coverage_notes(model: Model, index: QuantIndex) -> list[str]:
         return [f"qdq does not read {sum(unread.values())} quantization op(s) ({named}): what they quantize is not checked"]
     return [f"the model quantizes only with ops qdq does not read ({named}); qdq reads QuantizeLinear and "
             "DequantizeLinear (ONNX and com.microsoft): nothing to check"]
+
+
+def _shared_name_notes(model: Model) -> list[str]:
+    """Node names used twice (graph surgery leaves them): the checker accepts them, onnxruntime does not."""
+    counts = Counter(node.name for node in model.graph.nodes if node.name)
+    shared = sorted(name for name, count in counts.items() if count > 1)
+    if not shared:
+        return []
+    named = ", ".join(repr(name) for name in shared[:3]) + (", ..." if len(shared) > 3 else "")
+    return [f"{len(shared)} node name(s) used more than once ({named}): onnxruntime refuses the model, "
+            "and findings on those nodes cannot be told apart"]

@@ -3,7 +3,8 @@
 AMD Quark's BF16 configuration quantizes with its own ExtendedQuantizeLinear/DequantizeLinear
 (com.amd.quark), which qdq does not read: lint must name them instead of calling the model one
 with nothing to quantize. Quark's XINT8 files have nodes out of topological order, which reading
-sorts: the written file is sorted too, so `qdq fix` reports it as `qdq lint` does.
+sorts: the written file is sorted too, so `qdq fix` reports it as `qdq lint` does. Node names
+used twice pass the ONNX checker but not onnxruntime, and lint says so.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from collections import Counter
 from pathlib import Path
 
 import onnx
+import onnxruntime as ort
 import pytest
 from cli_run import qdq
 
@@ -71,3 +73,17 @@ def test_fix_reports_what_reading_repaired_in_the_file_it_writes(tmp_path):
     assert run.out.splitlines()[0] == f"note: {sorted_note}"
     assert json.loads(report.read_text())["notes"] == [sorted_note]
     assert sorted_note in html.read_text()
+
+
+def test_lint_says_onnxruntime_refuses_a_model_whose_node_names_repeat(tmp_path):
+    source = CORPUS / "quark" / "yolo_a8w8.onnx"
+    assert qdq("lint", source, "--target", "trt", "--format", "json").json()["notes"] == []
+    proto = onnx.load(str(source))
+    proto.graph.node[3].name = proto.graph.node[2].name  # what a graph-surgery script can leave
+    path = tmp_path / "renamed.onnx"
+    onnx.save(proto, str(path))
+    with pytest.raises(Exception, match="same node name"):
+        ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    notes = qdq("lint", path, "--target", "trt", "--format", "json").json()["notes"]
+    assert notes == [f"1 node name(s) used more than once ({proto.graph.node[2].name!r}): onnxruntime refuses "
+                     "the model, and findings on those nodes cannot be told apart"]
