@@ -178,7 +178,7 @@ def read_dequantized(ctx: FixContext, consumer: ir.Node, slot: int, integers: np
 def describe_quantize(quantize: ir.Node) -> str:
     """`2^-5` or `0.0123 zp 3`, for a Q whose parameters are constants."""
     scale, zero_point = (_constant_values(t) for t in (list(quantize.inputs) + [None, None])[1:3])
-    return describe(scale, zero_point if zero_point is not None else np.zeros(1)) if scale is not None else quantize.name
+    return describe(scale, zero_point if zero_point is not None else np.zeros(1)) if scale is not None else mention(quantize)
 
 
 def _per_tensor(quantize: ir.Node) -> bool:

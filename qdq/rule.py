@@ -15,7 +15,7 @@ from typing import Any, ClassVar, Iterable
 from qdq import ir
 from qdq.edits import EditLog
 from qdq.model import Model
-from qdq.names import Names
+from qdq.names import Names, stem
 from qdq.quant_index import QTensor, QuantIndex
 
 
@@ -223,9 +223,8 @@ def mention(node: ir.Node | None) -> str:
     write (tract, a few of Quark's) by their first output, so that two of them never read alike."""
     if node is None:
         return ""
-    if node.name or not node.outputs or not node.outputs[0].name:
-        return node.name
-    return f"(unnamed, writes {node.outputs[0].name!r})"
+    shown = stem(node)
+    return shown if node.name or not shown else f"(unnamed, writes {shown!r})"
 
 
 RULES: dict[str, type[Rule]] = {}

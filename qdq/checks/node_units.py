@@ -111,7 +111,7 @@ class FloatOutput(Rule):
                     fixable, problem, how = False, "is a graph output", ""
                 else:
                     fixable, how = quantize_hint(ctx, site, ctx.params["movers"])
-                    problem = f"feeds {', '.join(sorted({c.name for c in floats}))} in float"
+                    problem = f"feeds {', '.join(sorted({mention(c) for c in floats}))} in float"
                 yield self.finding(ctx, node, [site], subject=site, fixable=fixable,
                                    op=node.op, tensor=site.name, problem=problem, how=how)
 

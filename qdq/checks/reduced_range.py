@@ -83,7 +83,7 @@ class ReducedRangeQuantizer(Rule):
                 )
                 yield self.finding(
                     ctx, clip, [ctx.value_name(qt)], subject=(qt, clips, readers), fixable=fixable,
-                    clip=", ".join(c.name for c in clips), quantize=mention(qt.quantize), dtype=qtype.name,
+                    clip=", ".join(mention(c) for c in clips), quantize=mention(qt.quantize), dtype=qtype.name,
                     low=_text(low), high=_text(high),
                 )
 
