@@ -89,10 +89,21 @@ def fix_roundtrip(path: Path, code: str, tmp_path: Path, feeds: dict[str, np.nda
 _CONFORMANCE: dict[str, dict[str, str]] = {}
 
 
-@pytest.fixture(scope="session")
-def conformance_matrix() -> dict[str, dict[str, str]]:
-    """model → target → outcome; a run that breaks an invariant stays "FAIL"."""
-    return _CONFORMANCE
+@pytest.fixture
+def conformance_cell(request) -> dict[str, str]:
+    """One matrix cell ({"model", "target", "outcome"}), which the test fills in; it reaches the
+    summary through the test's report, so it arrives from pytest-xdist's workers too."""
+    cell = {"outcome": "FAIL"}  # a run that breaks an invariant stays "FAIL"
+    yield cell
+    request.node.user_properties.append(("conformance", dict(cell)))
+
+
+def pytest_runtest_logreport(report) -> None:
+    if report.when != "teardown":
+        return
+    for key, cell in report.user_properties:
+        if key == "conformance":
+            _CONFORMANCE.setdefault(cell["model"], {})[cell["target"]] = cell["outcome"]
 
 
 def pytest_terminal_summary(terminalreporter) -> None:

@@ -219,9 +219,8 @@ def interface_grids(path: Path) -> dict[str, tuple]:
 
 @pytest.mark.parametrize("target", TARGETS)
 @pytest.mark.parametrize("entry", ENTRIES, ids=lambda e: e.name)
-def test_invariants(entry: Entry, target: str, tmp_path: Path, conformance_matrix) -> None:
-    cell = conformance_matrix.setdefault(entry.name, {})
-    cell[target] = "FAIL"
+def test_invariants(entry: Entry, target: str, tmp_path: Path, conformance_cell) -> None:
+    conformance_cell.update(model=entry.name, target=target)
     path = entry.path
     before = digest(path)
     accepted = onnxruntime_loads(path)
@@ -244,14 +243,14 @@ def test_invariants(entry: Entry, target: str, tmp_path: Path, conformance_matri
     assert digest(path) == before, "the input changed"
     if fix.code == 2:
         assert not out.exists(), "exit 2 but a model was written"
-        cell[target] = "refused"
+        conformance_cell["outcome"] = "refused"
         return
     report = json.loads(report_path.read_text())
     assert fix.json() == report, "stdout and --report disagree"
     verification = report["verification"]
     if verification is not None and not verification["passed"]:
         assert not out.exists(), "verification failed but the model was written"
-        cell[target] = "not written (verification)"
+        conformance_cell["outcome"] = "not written (verification)"
         return
     assert out.exists(), "fix exited 0/1 without a failed verification but wrote nothing"
 
@@ -277,4 +276,4 @@ def test_invariants(entry: Entry, target: str, tmp_path: Path, conformance_matri
     second = qdq("fix", out, "--target", target, "--dry-run", "--no-verify", "--format", "json")
     assert_well_behaved(second, True, "fix of fix's output")
     assert second.json()["changes"] == [], "fix is not idempotent on its own output"
-    cell[target] = "ok" if report["passed"] else "findings left"
+    conformance_cell["outcome"] = "ok" if report["passed"] else "findings left"
