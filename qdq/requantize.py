@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import logging
 import math
-from typing import Callable, Iterator
+from typing import Callable, Iterator, Sequence
 
 import numpy as np
 from onnx import helper
@@ -47,6 +47,7 @@ def set_params(
     axis: int | None = None,
     elem_type: int | None = None,
     integers: np.ndarray | None = None,
+    going: Sequence[ir.Node] = (),
 ) -> list[Change]:
     """Set the scale (and optionally zero-point, axis and integer type) of every Q and DQ of `qt`; one Change.
 
@@ -54,8 +55,10 @@ def set_params(
     which must then be uniform; `elem_type` (an ONNX type, int8 → uint8 say) is carried by the
     new zero-point constant. `integers` are the values the new grid should hold when the caller
     chose them itself rather than by rounding (QDQ508 moves weight pairs onto a bound); the cost
-    is then measured against the values the model computed before. Returns no change when the
-    values are already these.
+    is then measured against the values the model computed before. `going` are nodes the caller
+    removes in the same fix, whose reading or writing of the integers does not hold their grid.
+    Returns no change when the values are already these, or when others hold the grid
+    (`why_grid_is_fixed`).
     """
     first = ctx.index.params(qt.nodes[0])
     name = ctx.value_name(qt)
@@ -64,14 +67,18 @@ def set_params(
     if first.block_size:  # a rule offered a fix it cannot make: leave the value as it is, say so
         log.warning("%s: blocked parameters (block_size %d) are not re-quantized; left unchanged", name, first.block_size)
         return []
-    if ctx.index.is_interface(qt.integer):  # the caller exchanges these integers on the grid they have
-        log.warning("%s: its integers are a graph input or output; their parameters are left unchanged", name)
-        return []
     old_scale, old_zp = first.scale, first.zero_point
     new_scale = np.asarray(scale, dtype=np.float64)
     new_zp = _new_zero_point(old_zp, new_scale, zero_point)
     new_axis = first.axis if axis is None else axis
     new_type = first.elem_type if elem_type is None else elem_type
+    moves = _zero_point_moves(old_zp, new_zp) or new_type != first.elem_type
+    fixed = why_grid_is_fixed(ctx, qt, going, zero_point_moves=moves)
+    keeps_values = new_type == first.elem_type and _same_real_values(old_scale, old_zp, new_scale, new_zp)
+    if fixed is not None and not keeps_values:
+        # Someone else reads or writes these integers on the grid they have, and it would change.
+        log.warning("%s: %s; its parameters are left unchanged", name, fixed)
+        return []
     if (_same(old_scale, new_scale) and _same(old_zp, new_zp) and new_axis == first.axis
             and new_type == first.elem_type and integers is None):
         return []
@@ -101,14 +108,42 @@ def set_params(
                    cost_sentence(reason, values), values)]
 
 
-def why_type_is_fixed(ctx: CheckContext, qt: QTensor) -> str | None:
-    """Why a value's integer type cannot change by editing only its own Q/DQ constants, if it cannot.
+def why_grid_is_fixed(ctx: CheckContext, qt: QTensor, going: Sequence[ir.Node] = (),
+                      zero_point_moves: bool = True) -> str | None:
+    """Why a value's integers must keep their scale and zero-point, if they must.
 
-    `set_params(..., elem_type=)` rewrites the value's Q, DQs and stored integers; anything else
-    that reads the integers would see them move.
+    `set_params` rewrites the value's Q, DQs and stored integers. Integers that the caller
+    exchanges (a graph input or output), that another op writes (QLinearConv, QGemm, an integer
+    Reshape), or that another op reads with its own parameters would then mean something else;
+    nodes in `going` are about to be removed and do not count. An integer Clip (PyTorch's
+    reduced-range or narrow-range quantizer, QDQ509) counts only when the zero-point moves: its
+    bounds are steps from the zero-point, which a new scale leaves as they were.
     """
     if ctx.index.is_graph_output(qt.integer):
         return "its integers are a graph output"
+    if ctx.index.is_interface(qt.integer):
+        return "its integers are a graph input"
+
+    def holds(node: ir.Node) -> bool:
+        return not any(node is other for other in going) and (zero_point_moves or node.op != "Clip")
+
+    producer = qt.integer.inputs[0] if qt.integer.inputs else None
+    if qt.quantize is None and not qt.stored and (producer is None or holds(producer)):
+        return f"its integers come from {mention(producer)} ({producer.op})" if producer is not None \
+            else "its integers come from outside the Q/DQ nodes"
+    if qt.stored:  # new integers go to a new constant: other readers keep the old one
+        return None
+    for consumer, _ in ctx.index.consumers_through(qt.integer):
+        if consumer not in qt.dequantizes and holds(consumer):
+            return f"{mention(consumer)} ({consumer.op}) reads its integers"
+    return None
+
+
+def why_type_is_fixed(ctx: CheckContext, qt: QTensor) -> str | None:
+    """Why a value's integer type cannot change by editing only its own Q/DQ constants, if it cannot."""
+    fixed = why_grid_is_fixed(ctx, qt)
+    if fixed is not None:
+        return fixed
     first = ctx.index.params(qt.nodes[0])
     if not all(first.same_values(ctx.index.params(n)) for n in qt.nodes[1:]):
         return "its Q and DQs disagree (QDQ101)"
@@ -302,6 +337,22 @@ def _row_blocks(shape: tuple[int, ...]) -> Iterator[slice]:
 
 def _same(a: np.ndarray, b: np.ndarray) -> bool:
     return a.shape == b.shape and bool(np.array_equal(a, b))
+
+
+def _same_real_values(old_scale: np.ndarray, old_zp: np.ndarray, scale: np.ndarray, zp: np.ndarray) -> bool:
+    """Whether every integer of the old grid means the same real value on the new one (per-axis
+    scales that are all equal becoming that one scale, say)."""
+    if scale.size != 1 and scale.shape != old_scale.shape:
+        return False
+    return bool(np.all(old_scale == scale) and np.all(old_zp == zp))
+
+
+def _zero_point_moves(old: np.ndarray, new: np.ndarray) -> bool:
+    """Whether some integer's zero-point changes (per-axis zeros becoming one zero is no change)."""
+    if _same(old, new):
+        return False
+    before, after = np.unique(old), np.unique(new)
+    return not (before.size == after.size == 1 and before[0] == after[0])
 
 
 def _np_type(onnx_type: int) -> np.dtype:

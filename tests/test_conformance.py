@@ -12,7 +12,8 @@ with qdq's own code:
 - the numbers fix reports are the ones onnxruntime gives on the same inputs: recomputed here from
   the calibration samples, and equal to `qdq verify` on the same pair with the same seed;
 - integers at the graph's interface (a Q's output that is a graph output, a graph input a DQ
-  reads) keep their scale, zero-point and type;
+  reads), and integers another op reads or writes (QLinearConv, QGemm), keep their scale,
+  zero-point and type;
 - fix on its own output changes nothing; the input files are unchanged; an output's external
   data holds only the bytes its tensors reference.
 
@@ -189,29 +190,47 @@ def independent_numbers(reference: Path, candidate: Path, feeds: dict[str, np.nd
     return rows
 
 
-def interface_grids(path: Path) -> dict[str, tuple]:
-    """Scale, zero-point and type of the integers a graph exchanges with its caller: each graph output a
-    QuantizeLinear writes and each graph input a DequantizeLinear reads (constants read from the file)."""
+def held_grids(path: Path) -> dict[str, tuple]:
+    """Scale, zero-point and type of the integers that something besides their own Q/DQ nodes holds:
+    each graph output a QuantizeLinear writes and each graph input a DequantizeLinear reads (the
+    caller's), each Q output another op reads and each DQ input another op writes (QLinearConv,
+    QGemm, an integer Transpose: they read or write the integers on that grid). Pass-through
+    Identity and Cast, and integer Clips (whose two ends fixes move together), are not such ops.
+    Per-axis values that are all equal count as one value."""
     model = onnx.load(str(path), load_external_data=False)
     constants = {t.name: t for t in model.graph.initializer}
     constants.update({n.output[0]: a.t for n in model.graph.node if n.op_type == "Constant" for a in n.attribute
                       if a.name == "value"})
     outputs, inputs = {o.name for o in model.graph.output}, {i.name for i in model.graph.input} - set(constants)
+    producers = {name: node for node in model.graph.node for name in node.output}
+    readers: dict[str, list[onnx.NodeProto]] = {}
+    for node in model.graph.node:
+        for name in node.input:
+            readers.setdefault(name, []).append(node)
+    own = {"QuantizeLinear", "DequantizeLinear", "Identity", "Cast", "Clip"}
     grids = {}
     for node in model.graph.node:
         if node.op_type == "QuantizeLinear" and node.output[0] in outputs:
             key = f"output {node.output[0]}"
         elif node.op_type == "DequantizeLinear" and node.input[0] in inputs:
             key = f"input {node.input[0]} ({node.name})"
+        elif node.op_type == "QuantizeLinear" and any(r.op_type not in own for r in readers.get(node.output[0], [])):
+            key = f"read by another op: {node.output[0]} ({node.name})"
+        elif node.op_type == "DequantizeLinear" and producers.get(node.input[0]) is not None \
+                and producers[node.input[0]].op_type not in own | {"Constant"}:
+            key = f"written by another op: {node.input[0]} ({node.name})"
         else:
             continue
         params = [constants.get(name) if name else None for name in list(node.input[1:3]) + [""] * (3 - len(node.input))]
         if any(p is not None and p.data_location == onnx.TensorProto.EXTERNAL for p in params):
             continue
-        grids[key] = tuple(
-            None if p is None else (p.data_type, onnx.numpy_helper.to_array(p).ravel().tolist()) for p in params[:2]
-        )
+        grids[key] = tuple(None if p is None else (p.data_type, _values(p)) for p in params[:2])
     return grids
+
+
+def _values(tensor: onnx.TensorProto) -> list:
+    values = onnx.numpy_helper.to_array(tensor).ravel().tolist()
+    return values[:1] if len(set(values)) == 1 else values
 
 
 # --- the invariants ---------------------------------------------------------------------------------
@@ -269,8 +288,9 @@ def test_invariants(entry: Entry, target: str, tmp_path: Path, conformance_cell)
             again = qdq("verify", path, out, "--format", "json")  # same seed (0), tolerances aside
             assert again.code in (0, 1), again.err
             assert_same_numbers(verification["outputs"], again.json()["outputs"])
-    # Integers a graph takes or hands over are its interface: their grid is what they mean.
-    assert interface_grids(out) == interface_grids(path), "the grid of integers at a graph input or output changed"
+    # Integers a graph takes or hands over, or that other ops read or write, mean what their grid says.
+    assert held_grids(out) == held_grids(path), "the grid of integers at a graph input or output, or of " \
+                                                "integers another op reads or writes, changed"
 
     # A second fix of the output has nothing left to change.
     second = qdq("fix", out, "--target", target, "--dry-run", "--no-verify", "--format", "json")

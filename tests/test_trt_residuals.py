@@ -19,8 +19,10 @@ from trt_placement import conv_activation_qdq, residual_modes
 # PyTorch's x86 FX QAT files fail fix's verification for trt with or without these rules (the
 # conformance matrix's "not written (verification)"): nothing to check on them here.
 UNVERIFIED = {"torch/resnet_fx_qat_x86.onnx", "torch/yolo_fx_qat_x86.onnx"}
+# Files in the QOperator format (QLinearConv) have no Q/DQ around their convs to place.
 CASES = [e for e in ENTRIES if e.architecture in ("yolo", "resnet") and "float" not in e.path.parts
-         and e.name not in UNVERIFIED and onnxruntime_loads(e.path)]
+         and e.name not in UNVERIFIED and onnxruntime_loads(e.path)
+         and any(n.op_type == "Conv" for n in onnx.load(str(e.path)).graph.node)]
 # Files whose SiLUs are Sigmoid+Mul (Quark's xint8 and pow2 configs write HardSigmoid, not an activation here).
 SILU = {e.name for e in CASES if any(n.op_type == "Sigmoid" for n in onnx.load(str(e.path)).graph.node)}
 

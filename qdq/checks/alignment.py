@@ -15,7 +15,7 @@ from qdq import ir
 from qdq.errors import RuleSetError
 from qdq.operands import input_value, output_value, scale_of
 from qdq.quant_index import QTensor, is_uniform
-from qdq.requantize import describe, set_params
+from qdq.requantize import describe, set_params, why_grid_is_fixed
 from qdq.rule import Change, CheckContext, Finding, FixContext, FixSafety, Rule, Severity, mention, register
 
 _PREFER = ("coarser", "output")
@@ -52,10 +52,10 @@ class _SharedScale(Rule):
 
 def can_share(ctx: CheckContext, members: list[QTensor]) -> bool:
     """Whether one per-tensor scale and zero-point can serve every member (same type, constant parameters,
-    integers that are not a graph input or output)."""
+    integers only their own Q/DQs write and read)."""
     params = [ctx.index.params(qt.nodes[0]) for qt in members]
     return (
-        all(scale_of(ctx.index, qt) is not None and not ctx.index.is_interface(qt.integer) for qt in members)
+        all(scale_of(ctx.index, qt) is not None and why_grid_is_fixed(ctx, qt) is None for qt in members)
         and len({p.elem_type for p in params}) == 1
         and all(is_uniform(p.zero_point) for p in params)
     )

@@ -18,7 +18,7 @@ from qdq.errors import RuleSetError
 from qdq.checks.reduced_range import clip_bounds
 from qdq.operands import ACTIVATION, BIAS, WEIGHT, WEIGHT_INPUT, output_channel_axis, role
 from qdq.quant_index import PER_AXIS, PER_TENSOR, QUANTIZE, QParams, QTensor, is_uniform
-from qdq.requantize import describe, effective_values, set_params, why_type_is_fixed
+from qdq.requantize import describe, effective_values, set_params, why_grid_is_fixed, why_type_is_fixed
 from qdq.rule import Change, CheckContext, Finding, FixContext, FixSafety, Rule, Severity, mention, register
 
 
@@ -189,17 +189,18 @@ class PerAxisScale(Rule):
             if params.granularity == PER_TENSOR or kind in ctx.params["allow_per_axis"]:
                 continue
             yield self.finding(ctx, qt.nodes[0], [ctx.value_name(qt)], subject=qt,
-                               fixable=_per_axis_fixable(params) and _integers_internal(ctx, qt),
+                               fixable=_per_axis_fixable(params) and (_integers_internal(ctx, qt) or bool(
+                                   np.all(params.scale == params.scale.max()))),  # one scale already: exact
                                role=kind, tensor=ctx.value_name(qt), count=int(params.scale.size))
 
     def fix(self, ctx: FixContext, finding: Finding) -> list[Change]:
         return _one_scale(ctx, finding.subject, self.code, "one scale for the whole tensor: the largest")
 
 
-def _integers_internal(ctx: CheckContext, qt: QTensor) -> bool:
-    """Whether a value's integers stay inside the graph: a new grid for integers that are a graph input
-    or output would change the model's interface, not only its numbers."""
-    return not ctx.index.is_interface(qt.integer)
+def _integers_internal(ctx: CheckContext, qt: QTensor, zero_point_moves: bool = False) -> bool:
+    """Whether a value's integers may take a new grid: nothing but its own Q, DQs and stored
+    integers writes or reads them (`set_params` refuses the others)."""
+    return why_grid_is_fixed(ctx, qt, zero_point_moves=zero_point_moves) is None
 
 
 def _per_axis_fixable(params: QParams) -> bool:
@@ -268,7 +269,8 @@ class AsymmetricZeroPoint(Rule):
                 continue
             zps = np.unique(params.zero_point)
             fixable = (params.granularity == PER_TENSOR and bool(np.all(params.scale > 0))
-                       and _integers_internal(ctx, qt) and not _loses_negatives(ctx, qt, qtype, zero_point, expected))
+                       and _integers_internal(ctx, qt, zero_point_moves=True)
+                       and not _loses_negatives(ctx, qt, qtype, zero_point, expected))
             yield self.finding(ctx, qt.nodes[0], [ctx.value_name(qt)], subject=qt, fixable=fixable, role=kind,
                                tensor=ctx.value_name(qt), zero_point=_zp_text(zps), expected=int(expected))
 
@@ -491,7 +493,7 @@ class ActivationType(Rule):
         for qt, params, kind in _values(ctx):
             if not _retyped(ctx, params, kind):
                 continue
-            reason = _why_not_retypable(ctx, qt)
+            reason = why_type_is_fixed(ctx, qt)
             yield self.finding(ctx, qt.nodes[0], [ctx.value_name(qt)], subject=qt, fixable=reason is None,
                                tensor=ctx.value_name(qt), dtype=type_name(params.elem_type),
                                expected=ctx.params["activation_type"],
@@ -516,7 +518,7 @@ def _retyped(ctx: CheckContext, params: QParams, kind: str) -> bool:
 
 def _retypable(ctx: CheckContext, qt: QTensor) -> bool:
     """Whether QDQ505's fix rewrites this value."""
-    return _retyped(ctx, ctx.index.params(qt.nodes[0]), role(ctx.index, qt)) and _why_not_retypable(ctx, qt) is None
+    return _retyped(ctx, ctx.index.params(qt.nodes[0]), role(ctx.index, qt)) and why_type_is_fixed(ctx, qt) is None
 
 
 def _after_retype(ctx: CheckContext, qt: QTensor, params: QParams, kind: str) -> tuple[QuantType, np.ndarray]:
@@ -537,13 +539,6 @@ def _retype(ctx: FixContext, qt: QTensor, code: str) -> list[Change]:
     for change in changes:
         change.old, change.new = f"{old} {change.old}", f"{new} {change.new}"
     return changes
-
-
-def _why_not_retypable(ctx: CheckContext, qt: QTensor) -> str | None:
-    """Why a value's integer type cannot change by editing only its Q, DQs and stored integers, if it cannot."""
-    if qt.quantize is None and not qt.stored:
-        return "its integers come from outside the Q/DQ nodes"
-    return why_type_is_fixed(ctx, qt)
 
 
 @register

@@ -106,7 +106,7 @@ class ReducedRangeQuantizer(Rule):
                   f"step {old_scale:.6g} → {new_scale:.6g}")
         changes: list[Change] = []
         for value in [qt] + readers:
-            changes += set_params(ctx, value, new_scale, self.code, reason, zero_point=new_zp)
+            changes += set_params(ctx, value, new_scale, self.code, reason, zero_point=new_zp, going=clips)
         for reader in readers:
             for dq in reader.dequantizes:
                 ctx.edits.set_input(dq, 0, qt.integer)

@@ -54,6 +54,10 @@ VARIANTS: dict[str, tuple[str, dict, str]] = {
     "mobilenetv2_u16_activations": (
         "mobilenetv2", {"activation_type": QuantType.QUInt16, "weight_type": QuantType.QUInt8},
         "16-bit activations, uint8 weights; onnxruntime raises the opset to 21"),
+    "resnet_qoperator": (
+        "resnet", {"quant_format": QuantFormat.QOperator, "activation_type": QuantType.QUInt8},
+        "QOperator format: QLinearConv, QLinearAdd and QGemm compute on the integers between the input's "
+        "QuantizeLinear and the output's DequantizeLinear, with scales of their own"),
     "yolo_u8_per_tensor": ("yolo", {"activation_type": QuantType.QUInt8}, ""),
     "yolo_s8_per_channel": ("yolo", {"per_channel": True}, ""),
     "yolo_no_bias_quantization": (
@@ -103,7 +107,7 @@ def quantize(stem: str, arch: str, options: dict, scratch: Path) -> Path:
         quant_pre_process(source, prepared)
         source = prepared
     path = HERE / f"{stem}.onnx"
-    quantize_static(source, path, Samples(FLOAT / f"{arch}.npz"), quant_format=QuantFormat.QDQ, **options)
+    quantize_static(source, path, Samples(FLOAT / f"{arch}.npz"), **{"quant_format": QuantFormat.QDQ, **options})
     return path
 
 
@@ -132,7 +136,7 @@ def settings_of(options: dict) -> dict:
     settings = {"quant_format": "QDQ", "activation_type": "QInt8", "weight_type": "QInt8", "per_channel": False,
                 "reduce_range": False, "calibrate_method": "MinMax", "calibration_samples": 16}
     for key, value in options.items():
-        settings[key] = value.name if isinstance(value, QuantType) else value
+        settings[key] = value.name if isinstance(value, (QuantType, QuantFormat)) else value
     return settings
 
 
