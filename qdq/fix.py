@@ -111,6 +111,7 @@ def _fix(
         (rule, cfg) for rule, cfg in ruleset.fix_sequence() if not exact_only or rule.fix_safety == FixSafety.EXACT
     ]
     names, ceilings = Names(model.graph), ScaleCeilings()
+    codes = frozenset(rule.code for rule, _ in ruleset.enabled())  # as the final lint has them
     changes: list[Change] = []
     edits: list[EditRecord] = []
     converged, rounds, last_round = False, 0, []
@@ -130,9 +131,10 @@ def _fix(
                 break
             # Q/DQ nodes whose parameters a fix swaps are re-read at once: later fixes read them.
             journal = EditLog(model.graph, on_params=index.refresh)
-            check_ctx = CheckContext(model=model, index=index, params=cfg.params, severity=cfg.severity, ranges=ranges)
+            check_ctx = CheckContext(model=model, index=index, params=cfg.params, severity=cfg.severity, ranges=ranges,
+                                     enabled=codes)
             fix_ctx = FixContext(model=model, index=index, params=cfg.params, severity=cfg.severity, ranges=ranges,
-                                 edits=journal, names=names, ceilings=ceilings)
+                                 enabled=codes, edits=journal, names=names, ceilings=ceilings)
             found[rule.code] = list(rule.check(check_ctx))
             made: list[Change] = []
             for finding in found[rule.code]:

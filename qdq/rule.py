@@ -115,6 +115,8 @@ class CheckContext:
     severity: Severity
     # Measured (min, max) of float tensors by name, from `qdq fix --calibrate`; None without data.
     ranges: dict[str, tuple[float, float]] | None = None
+    # The codes of the rules in this run, for a check that judges a value after another rule's fix.
+    enabled: frozenset[str] = frozenset()
 
     @property
     def graph(self) -> ir.Graph:

@@ -20,6 +20,7 @@ from npu_constraints import check
 from onnx import numpy_helper
 
 from qdq.fix import fix
+from qdq.lint import lint
 from qdq.model import load_model, save_model
 from qdq.rule import FixSafety
 from qdq.ruleset import load_target
@@ -150,3 +151,28 @@ def test_x86_fx_qat_exports_are_fixed_and_written(tmp_path, arch, target):
     if target == "npu":
         assert check(out) == []
     assert float_error(arch, out) <= 1.25 * float_error(arch, source)
+
+
+def test_lint_marks_a_zero_point_move_fixable_once_the_clip_folds():
+    """QDQ503 moves the zero-point of values with a Clip between Q and DQ, which a Clip alone would
+    hold (its bounds are steps from the zero-point); QDQ509 folds the Clip first, so lint marks
+    those findings fixable as `qdq fix` fixes them (the test above). With QDQ509 left out, the
+    same findings have no automatic fix, and the fix does not move those zero-points."""
+    source = CORPUS / "torch" / "resnet_fx_qat_x86.onnx"
+    nodes = onnx.load(str(source)).graph.node
+    clipped = {t for n in nodes if n.op_type == "Clip" for t in (n.input[0], n.output[0])}
+    behind_clip = {n.name for n in nodes if n.op_type in ("QuantizeLinear", "DequantizeLinear")
+                   and (n.output[0] in clipped or n.input[0] in clipped)}
+    assert len(behind_clip) >= 20
+
+    def qdq503(ruleset) -> list:
+        return [f for f in lint(load_model(source), ruleset).findings if f.code == "QDQ503" and f.node in behind_clip]
+
+    npu = load_target("npu")
+    with_fold = qdq503(npu)
+    assert with_fold and all(f.fix is not None for f in with_fold)
+    without = npu.narrowed(ignore=["QDQ509"])
+    alone = qdq503(without)
+    assert {f.node for f in alone} == {f.node for f in with_fold} and all(f.fix is None for f in alone)
+    changes = fix(load_model(source), without).changes
+    assert not [c for c in changes if c.code == "QDQ503" and c.node in behind_clip]

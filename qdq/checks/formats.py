@@ -15,7 +15,7 @@ from onnx import TensorProto
 from qdq import ir, pow2
 from qdq.dtypes import DEQUANTIZE_ONLY, QuantType, quant_type, type_name
 from qdq.errors import RuleSetError
-from qdq.checks.reduced_range import clip_bounds
+from qdq.checks.reduced_range import clip_bounds, folded_clips
 from qdq.operands import ACTIVATION, BIAS, WEIGHT, WEIGHT_INPUT, output_channel_axis, role
 from qdq.quant_index import PER_AXIS, PER_TENSOR, QUANTIZE, QParams, QTensor, is_uniform
 from qdq.requantize import describe, effective_values, set_params, why_grid_is_fixed, why_type_is_fixed
@@ -199,8 +199,10 @@ class PerAxisScale(Rule):
 
 def _integers_internal(ctx: CheckContext, qt: QTensor, zero_point_moves: bool = False) -> bool:
     """Whether a value's integers may take a new grid: nothing but its own Q, DQs and stored
-    integers writes or reads them (`set_params` refuses the others)."""
-    return why_grid_is_fixed(ctx, qt, zero_point_moves=zero_point_moves) is None
+    integers writes or reads them (`set_params` refuses the others), once QDQ509 has folded the
+    integer Clips it folds."""
+    going = folded_clips(ctx, qt) if zero_point_moves else ()
+    return why_grid_is_fixed(ctx, qt, going, zero_point_moves=zero_point_moves) is None
 
 
 def _per_axis_fixable(params: QParams) -> bool:

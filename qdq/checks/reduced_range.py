@@ -8,13 +8,13 @@ moves the pair's grid must know the Clip is there or clip the new integers at th
 
 from __future__ import annotations
 
-from typing import Iterable
+from typing import Iterable, Iterator
 
 import numpy as np
 
 from qdq import ir
 from qdq.dtypes import QuantType
-from qdq.ops import DEQUANTIZE
+from qdq.ops import DEQUANTIZE, QUANTIZE
 from qdq.quant_index import PER_TENSOR, QTensor, resolve_constant, source_values
 from qdq.requantize import set_params
 from qdq.rule import Change, CheckContext, Finding, FixContext, FixSafety, Rule, Severity, mention, register
@@ -60,29 +60,11 @@ class ReducedRangeQuantizer(Rule):
 
     def check(self, ctx: CheckContext) -> Iterable[Finding]:
         for qt in ctx.index.qtensors:
-            if qt.quantize is None:
-                continue
-            params = ctx.index.params(qt.quantize)
-            qtype = params.qtype
-            if qtype is None or qtype.is_float:
-                continue
-            consumers = ctx.index.consumers_through(qt.integer)
-            for clip, _ in consumers:
-                if clip.op != "Clip" or not clip.outputs:
-                    continue
-                clips, readers = _clip_tree(ctx, clip)
+            for clips, readers, fixable in _folds(ctx, qt):
+                qtype = ctx.index.params(qt.quantize).qtype
                 low, high = _integer_range(ctx, clips, qtype)
-                fixable = (
-                    low is not None and high is not None and low < high
-                    and params.granularity == PER_TENSOR and not params.dynamic and not params.block_size
-                    and len(consumers) == 1 and not qt.dequantizes
-                    and not any(ctx.index.is_graph_output(c.outputs[0]) for c in clips)
-                    and bool(readers) and all(r is not None and params.same_values(ctx.index.params(r.nodes[0]))
-                                              for r in readers)
-                    and len({clip_bounds(ctx, c) for c in clips}) == 1
-                )
                 yield self.finding(
-                    ctx, clip, [ctx.value_name(qt)], subject=(qt, clips, readers), fixable=fixable,
+                    ctx, clips[0], [ctx.value_name(qt)], subject=(qt, clips, readers), fixable=fixable,
                     clip=", ".join(mention(c) for c in clips), quantize=mention(qt.quantize), dtype=qtype.name,
                     low=_text(low), high=_text(high),
                 )
@@ -115,6 +97,48 @@ class ReducedRangeQuantizer(Rule):
         for change in changes:
             change.values.update(old_range=list(old_range), new_range=list(new_range))
         return changes
+
+
+def _folds(ctx: CheckContext, qt: QTensor) -> Iterator[tuple[list[ir.Node], list[QTensor | None], bool]]:
+    """Each integer Clip a Q's value passes through: the Clips, the values of the DQs after them,
+    and whether the fix can fold them into one grid."""
+    if qt.quantize is None:
+        return
+    params = ctx.index.params(qt.quantize)
+    qtype = params.qtype
+    if qtype is None or qtype.is_float:
+        return
+    consumers = ctx.index.consumers_through(qt.integer)
+    for clip, _ in consumers:
+        if clip.op != "Clip" or not clip.outputs:
+            continue
+        clips, readers = _clip_tree(ctx, clip)
+        low, high = _integer_range(ctx, clips, qtype)
+        fixable = (
+            low is not None and high is not None and low < high
+            and params.granularity == PER_TENSOR and not params.dynamic and not params.block_size
+            and len(consumers) == 1 and not qt.dequantizes
+            and not any(ctx.index.is_graph_output(c.outputs[0]) for c in clips)
+            and bool(readers) and all(r is not None and params.same_values(ctx.index.params(r.nodes[0]))
+                                      for r in readers)
+            and len({clip_bounds(ctx, c) for c in clips}) == 1
+        )
+        yield clips, readers, fixable
+
+
+def folded_clips(ctx: CheckContext, qt: QTensor) -> list[ir.Node]:
+    """The integer Clips on a value's way from its Q or to its DQs that QDQ509's fix removes (it runs
+    first in the rule sets): a rule that moves the zero-point is judged on the value after the fold."""
+    if ReducedRangeQuantizer.code not in ctx.enabled:
+        return []
+    if qt.quantize is None:  # the DQs after a Clip: find the Q before it
+        tensor = qt.integer
+        while tensor.inputs and tensor.inputs[0].op == "Clip" and tensor.inputs[0].inputs:
+            tensor = tensor.inputs[0].inputs[0]
+        origin = tensor.inputs[0] if tensor is not qt.integer and tensor.inputs else None
+        upstream = ctx.index.qtensor_of(origin) if origin is not None and origin.op == QUANTIZE else None
+        return folded_clips(ctx, upstream) if upstream is not None else []
+    return [clip for clips, _, fixable in _folds(ctx, qt) if fixable for clip in clips]
 
 
 def _clip_tree(ctx: CheckContext, clip: ir.Node) -> tuple[list[ir.Node], list[QTensor | None]]:
