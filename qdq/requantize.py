@@ -83,13 +83,20 @@ def set_params(
             and new_type == first.elem_type and integers is None):
         return []
 
+    # Each node keeps the float type it reads its scale in (a Q's fixes its input type, a DQ's its
+    # output type; onnxruntime's optimizer gives a float16 Q's DQ a Cast of the scale to float32),
+    # with one value: the first node's rounding, which every wider type holds exactly.
     stored_scale = new_scale.astype(_np_type(first.scale_source.elem_type))
     if not np.all(np.isfinite(stored_scale) & (stored_scale > 0)):
         # A scale beyond the scale type's range (2^-25 in float16) would be stored as 0 or inf.
         log.warning("%s: scale %s is not representable as %s; left unchanged", name, describe(new_scale, new_zp),
                     stored_scale.dtype)
         return []
-    scale_const = ir.Constant(ctx.new_name(f"{name}_scale"), stored_scale)
+    scale_consts: dict[np.dtype, ir.Constant] = {}
+    for node in qt.nodes:
+        dtype = _scale_dtype(ctx, node, stored_scale.dtype)
+        if dtype not in scale_consts:
+            scale_consts[dtype] = ir.Constant(ctx.new_name(f"{name}_scale"), stored_scale.astype(dtype))
     zp_const = None
     if first.zero_point_input is not None or np.any(new_zp != 0) or new_type != first.elem_type:
         zp_const = ir.Constant(ctx.new_name(f"{name}_zero_point"), new_zp.astype(_np_type(new_type)))
@@ -101,6 +108,7 @@ def set_params(
     elif qt.quantize is not None and not _same_grid(first, new_scale, new_zp, new_axis, new_type):
         values = _pin_float_constant(ctx, qt, new_scale, new_zp, new_axis, new_type)
     for node in qt.nodes:
+        scale_const = scale_consts[_scale_dtype(ctx, node, stored_scale.dtype)]
         dtype = {"output_dtype": new_type} if "output_dtype" in node.attrs else {}
         ctx.edits.swap_params(node, scale_const, zp_const, axis=new_axis if new_scale.size > 1 else None, **dtype)
     values.update(_pos_shift(old_scale, new_scale))
@@ -337,6 +345,12 @@ def _row_blocks(shape: tuple[int, ...]) -> Iterator[slice]:
 
 def _same(a: np.ndarray, b: np.ndarray) -> bool:
     return a.shape == b.shape and bool(np.array_equal(a, b))
+
+
+def _scale_dtype(ctx: CheckContext, node: ir.Node, default: np.dtype) -> np.dtype:
+    """The float type a Q or DQ reads its scale in (`default` when the scale is computed at run time)."""
+    source = ctx.index.params(node).scale_source
+    return _np_type(source.elem_type) if source is not None else default
 
 
 def _same_real_values(old_scale: np.ndarray, old_zp: np.ndarray, scale: np.ndarray, zp: np.ndarray) -> bool:
