@@ -109,7 +109,9 @@ def set_params(
         values = _pin_float_constant(ctx, qt, new_scale, new_zp, new_axis, new_type)
     for node in qt.nodes:
         scale_const = scale_consts[_scale_dtype(ctx, node, stored_scale.dtype)]
-        dtype = {"output_dtype": new_type} if "output_dtype" in node.attrs else {}
+        # output_dtype 0 leaves the type to the zero-point, which carries it: setting it anyway
+        # trips onnxruntime's int8 → uint8 rewrite, which changes the zero-point but not the attribute.
+        dtype = {"output_dtype": new_type} if node.attrs.get("output_dtype") else {}
         ctx.edits.swap_params(node, scale_const, zp_const, axis=new_axis if new_scale.size > 1 else None, **dtype)
     values.update(_pos_shift(old_scale, new_scale))
     return [Change(code, mention(qt.nodes[0]), name, describe(old_scale, old_zp), describe(new_scale, new_zp),

@@ -60,3 +60,24 @@ def test_each_node_keeps_the_scale_type_it_reads(tmp_path, level, target):
     after = scale_types(onnx.load(str(out)))
     assert {name: after[name] for name in before if name in after} == {name: before[name] for name in before
                                                                        if name in after}
+
+
+def test_an_unset_output_dtype_stays_unset(tmp_path):
+    """onnxruntime writes every attribute out, QuantizeLinear's `output_dtype = 0` (the zero-point
+    gives the type) among them. The NPU fix turns these uint16 activations into int8; writing
+    `output_dtype = INT8` as well made onnxruntime refuse the file with its optimisations on (its
+    int8 → uint8 rewrite changes the zero-point, not the attribute: "output_dtype INT8 does not match
+    y_zero_point type UINT8"), though the file is valid ONNX."""
+    source = optimized(CORPUS / "ort" / "mobilenetv2_u16_activations.onnx", ort.GraphOptimizationLevel.ORT_ENABLE_BASIC,
+                       tmp_path / "optimized.onnx")
+
+    def output_dtypes(path: Path) -> dict[str, int]:
+        return {n.name: a.i for n in onnx.load(str(path)).graph.node if n.op_type == "QuantizeLinear"
+                for a in n.attribute if a.name == "output_dtype"}
+
+    assert set(output_dtypes(source).values()) == {0}
+    out = tmp_path / "fixed.onnx"
+    run = qdq("fix", source, "--target", "npu", "-o", out)
+    assert run.code in (0, 1), run.err
+    assert set(output_dtypes(out).values()) == {0}
+    ort.InferenceSession(str(out), providers=["CPUExecutionProvider"])  # every optimisation on
