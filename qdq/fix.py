@@ -111,7 +111,7 @@ def _fix(
         (rule, cfg) for rule, cfg in ruleset.fix_sequence() if not exact_only or rule.fix_safety == FixSafety.EXACT
     ]
     names, ceilings = Names(model.graph), ScaleCeilings()
-    codes = frozenset(rule.code for rule, _ in ruleset.enabled())  # as the final lint has them
+    codes = ruleset.enabled_codes()  # as the final lint has them
     changes: list[Change] = []
     edits: list[EditRecord] = []
     converged, rounds, last_round = False, 0, []

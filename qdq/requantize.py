@@ -74,7 +74,7 @@ def set_params(
     new_type = first.elem_type if elem_type is None else elem_type
     moves = _zero_point_moves(old_zp, new_zp) or new_type != first.elem_type
     fixed = why_grid_is_fixed(ctx, qt, going, zero_point_moves=moves)
-    keeps_values = new_type == first.elem_type and _same_real_values(old_scale, old_zp, new_scale, new_zp)
+    keeps_values = new_type == first.elem_type and same_real_values(old_scale, old_zp, new_scale, new_zp)
     if fixed is not None and not keeps_values:
         # Someone else reads or writes these integers on the grid they have, and it would change.
         log.warning("%s: %s; its parameters are left unchanged", name, fixed)
@@ -92,11 +92,9 @@ def set_params(
         log.warning("%s: scale %s is not representable as %s; left unchanged", name, describe(new_scale, new_zp),
                     stored_scale.dtype)
         return []
-    scale_consts: dict[np.dtype, ir.Constant] = {}
-    for node in qt.nodes:
-        dtype = _scale_dtype(ctx, node, stored_scale.dtype)
-        if dtype not in scale_consts:
-            scale_consts[dtype] = ir.Constant(ctx.new_name(f"{name}_scale"), stored_scale.astype(dtype))
+    scale_types = [_scale_dtype(ctx, node, stored_scale.dtype) for node in qt.nodes]
+    scale_consts = {dtype: ir.Constant(ctx.new_name(f"{name}_scale"), stored_scale.astype(dtype))
+                    for dtype in dict.fromkeys(scale_types)}
     zp_const = None
     if first.zero_point_input is not None or np.any(new_zp != 0) or new_type != first.elem_type:
         zp_const = ir.Constant(ctx.new_name(f"{name}_zero_point"), new_zp.astype(_np_type(new_type)))
@@ -107,8 +105,8 @@ def set_params(
         values = _requantize_stored(ctx, qt, first, new_scale, new_zp, new_axis, new_type)
     elif qt.quantize is not None and not _same_grid(first, new_scale, new_zp, new_axis, new_type):
         values = _pin_float_constant(ctx, qt, new_scale, new_zp, new_axis, new_type)
-    for node in qt.nodes:
-        scale_const = scale_consts[_scale_dtype(ctx, node, stored_scale.dtype)]
+    for node, scale_type in zip(qt.nodes, scale_types):
+        scale_const = scale_consts[scale_type]
         # output_dtype 0 leaves the type to the zero-point, which carries it: setting it anyway
         # trips onnxruntime's int8 → uint8 rewrite, which changes the zero-point but not the attribute.
         dtype = {"output_dtype": new_type} if node.attrs.get("output_dtype") else {}
@@ -137,12 +135,12 @@ def why_grid_is_fixed(ctx: CheckContext, qt: QTensor, going: Sequence[ir.Node] =
     def holds(node: ir.Node) -> bool:
         return not any(node is other for other in going) and (zero_point_moves or node.op != "Clip")
 
-    producer = qt.integer.inputs[0] if qt.integer.inputs else None
-    if qt.quantize is None and not qt.stored and (producer is None or holds(producer)):
-        return f"its integers come from {mention(producer)} ({producer.op})" if producer is not None \
-            else "its integers come from outside the Q/DQ nodes"
     if qt.stored:  # new integers go to a new constant: other readers keep the old one
         return None
+    producer = qt.integer.inputs[0] if qt.integer.inputs else None
+    if qt.quantize is None and (producer is None or holds(producer)):
+        return f"its integers come from {mention(producer)} ({producer.op})" if producer is not None \
+            else "its integers come from outside the Q/DQ nodes"
     for consumer, _ in ctx.index.consumers_through(qt.integer):
         if consumer not in qt.dequantizes and holds(consumer):
             return f"{mention(consumer)} ({consumer.op}) reads its integers"
@@ -355,7 +353,7 @@ def _scale_dtype(ctx: CheckContext, node: ir.Node, default: np.dtype) -> np.dtyp
     return _np_type(source.elem_type) if source is not None else default
 
 
-def _same_real_values(old_scale: np.ndarray, old_zp: np.ndarray, scale: np.ndarray, zp: np.ndarray) -> bool:
+def same_real_values(old_scale: np.ndarray, old_zp: np.ndarray, scale: np.ndarray, zp: np.ndarray) -> bool:
     """Whether every integer of the old grid means the same real value on the new one (per-axis
     scales that are all equal becoming that one scale, say)."""
     if scale.size != 1 and scale.shape != old_scale.shape:

@@ -56,6 +56,10 @@ class RuleSet:
         registry = all_rules()
         return [(registry[code](), cfg) for code, cfg in sorted(self.rules.items()) if cfg.enabled]
 
+    def enabled_codes(self) -> frozenset[str]:
+        """The codes of the enabled rules: what a check asks when it judges a value after another rule's fix."""
+        return frozenset(code for code, cfg in self.rules.items() if cfg.enabled)
+
     def fix_sequence(self) -> list[tuple[Rule, RuleConfig]]:
         """The enabled rules that have a fix, in the set's `fix-order`, then by code."""
         order = [p.upper() for p in self.fix_order]

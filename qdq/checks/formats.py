@@ -18,7 +18,8 @@ from qdq.errors import RuleSetError
 from qdq.checks.reduced_range import clip_bounds, folded_clips
 from qdq.operands import ACTIVATION, BIAS, WEIGHT, WEIGHT_INPUT, output_channel_axis, role
 from qdq.quant_index import PER_AXIS, PER_TENSOR, QUANTIZE, QParams, QTensor, is_uniform
-from qdq.requantize import describe, effective_values, set_params, why_grid_is_fixed, why_type_is_fixed
+from qdq.requantize import (describe, effective_values, same_real_values, set_params, why_grid_is_fixed,
+                            why_type_is_fixed)
 from qdq.rule import Change, CheckContext, Finding, FixContext, FixSafety, Rule, Severity, mention, register
 
 
@@ -189,8 +190,8 @@ class PerAxisScale(Rule):
             if params.granularity == PER_TENSOR or kind in ctx.params["allow_per_axis"]:
                 continue
             yield self.finding(ctx, qt.nodes[0], [ctx.value_name(qt)], subject=qt,
-                               fixable=_per_axis_fixable(params) and (_integers_internal(ctx, qt) or bool(
-                                   np.all(params.scale == params.scale.max()))),  # one scale already: exact
+                               fixable=_per_axis_fixable(params) and (_integers_internal(ctx, qt) or same_real_values(
+                                   params.scale, params.zero_point, params.scale.max(), params.zero_point.ravel()[0])),
                                role=kind, tensor=ctx.value_name(qt), count=int(params.scale.size))
 
     def fix(self, ctx: FixContext, finding: Finding) -> list[Change]:
