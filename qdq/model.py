@@ -22,6 +22,7 @@ from google.protobuf.message import DecodeError
 from onnx import TensorProto, numpy_helper
 
 from qdq import ir, progress
+from qdq.checker_process import CheckerProcess, start_checker
 from qdq.errors import InvalidOutputError, ModelLoadError, OutputError
 from qdq.files import atomic_write_bytes, check_writable, same_file
 from qdq.graph_export import export_model
@@ -150,17 +151,63 @@ def load_model(path: str | os.PathLike) -> Model:
             f"{path}: opset {opset} is older than {MIN_OPSET}, the first with QuantizeLinear/DequantizeLinear"
         )
     data_files = _check_external_data(proto, path)
+    checker = start_checker(path, len(proto.graph.node))
+    if checker is None:
+        notes = _checked(proto, path)
+        graph = _imported(proto, path)
+    else:
+        proto, graph, notes = _imported_beside(checker, proto, path)
+    return Model(graph=graph, path=path, opset=opset, proto=proto, notes=notes, data_files=data_files)
+
+
+def _checked(proto: onnx.ModelProto, path: Path) -> list[str]:
+    """The ONNX checker (and repairs) in this process; the notes, logged here and carried by reports."""
     progress.step(f"checking {path.name} with the ONNX checker")
     notes = _repaired_and_checked(proto, path)
-    for note in notes:  # reports carry them too (lint and inspect notes, fix's report)
+    for note in notes:
         log.warning("%s: %s", path, note)
+    return notes
+
+
+def _imported(proto: onnx.ModelProto, path: Path) -> ir.Graph:
     progress.step(f"building the graph of {path.name} ({len(proto.graph.node)} nodes)")
     with gc_paused():
         try:
-            graph = import_graph(proto)
+            return import_graph(proto)
         except Exception as exc:
             raise ModelLoadError(f"{path}: cannot import the graph: {_first_line(exc)}") from None
-    return Model(graph=graph, path=path, opset=opset, proto=proto, notes=notes, data_files=data_files)
+
+
+def _imported_beside(checker: CheckerProcess, proto: onnx.ModelProto,
+                     path: Path) -> tuple[onnx.ModelProto, ir.Graph, list[str]]:
+    """The graph built while a child process runs the ONNX checker on the file.
+
+    Most files pass, so the graph is built as for a checked file. If the checker refuses this
+    one, that work is dropped and the file is read again and checked in process, so what a
+    refused file gets (repairs, onnxruntime's verdict, the refusal's message) does not depend
+    on where the checker ran.
+    """
+    try:
+        try:
+            notes = normalize(proto, checked=True)
+            graph = _imported(proto, path)
+        except Exception as exc:  # the checker's verdict decides which error the user sees
+            failure = exc
+        else:
+            failure = None
+        progress.step(f"checking {path.name} with the ONNX checker (in a second process)")
+        accepted = checker.accepted()
+    finally:
+        checker.stop()
+    if accepted:
+        if failure is not None:
+            raise failure
+        for note in notes:
+            log.warning("%s: %s", path, note)
+        return proto, graph, notes
+    proto = onnx.load(str(path), load_external_data=False)  # normalize may have changed the first copy
+    notes = _checked(proto, path)
+    return proto, _imported(proto, path), notes
 
 
 def save_model(

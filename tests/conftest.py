@@ -26,6 +26,15 @@ def builder() -> GraphBuilder:
     return GraphBuilder()
 
 
+@pytest.fixture(params=["checker in process", "checker in a second process"])
+def checker_placements(request, monkeypatch) -> str:
+    """Run a test twice: with the ONNX checker in process, and in a child beside the import as on large models."""
+    if request.param == "checker in a second process":
+        from qdq import checker_process
+        monkeypatch.setattr(checker_process, "MIN_NODES", 0)
+    return request.param
+
+
 def lint_codes(model: Model, target: str = "common") -> list[str]:
     """The codes of all findings, in report order."""
     return [f.code for f in lint(model, load_target(target)).findings]

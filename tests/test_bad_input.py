@@ -124,6 +124,7 @@ def test_random_bytes(capsys, tmp_path, out_dir):
     assert_bad_input(capsys, tmp_path, ["lint", junk, "-o", out_dir / "r.txt"], junk, "not a valid ONNX model")
 
 
+@pytest.mark.usefixtures("checker_placements")
 @pytest.mark.parametrize("fraction", [0.0, 0.1, 0.5, 0.9, 0.99, -1])
 def test_truncated_model(capsys, tmp_path, out_dir, model, fraction):
     data = model.read_bytes()
@@ -135,6 +136,7 @@ def test_truncated_model(capsys, tmp_path, out_dir, model, fraction):
     assert "not a valid ONNX model" in line or "opset" in line
 
 
+@pytest.mark.usefixtures("checker_placements")
 def test_every_cut_point_is_refused(tmp_path, model):
     """No prefix of a valid model loads: every cut ends in a ModelLoadError (library level, fast)."""
     from qdq.errors import ModelLoadError
@@ -164,6 +166,7 @@ def test_opset_9(capsys, tmp_path, out_dir):
     assert_bad_input(capsys, tmp_path, ["lint", old, "-o", out_dir / "r.txt"], old, "opset 9")
 
 
+@pytest.mark.usefixtures("checker_placements")
 def test_float_model_is_a_note_not_an_error(capsys, tmp_path):
     b = GraphBuilder(opset=13)
     b.node("Relu", [b.input("x", [1, 4])], ["y"])

@@ -1,0 +1,48 @@
+"""The ONNX checker on a large model's file in a second process, while this one builds the graph.
+
+On 100k nodes the checker takes about 0.7 s and holds the interpreter lock, so a thread would
+not overlap it with the import; a child process on a second core does. The child only says
+whether the checker accepts the file: when it does not, the caller checks again in process,
+where the refusal has its message and the repairs and onnxruntime's verdict follow as usual.
+Small models, and machines with one core, are checked in process: starting an interpreter
+costs more than their check.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+# Below this many nodes the checker costs less than the child's interpreter start (about 0.3 s).
+MIN_NODES = 30_000
+_CHECK = "import sys, onnx.checker; onnx.checker.check_model(sys.argv[1])"
+
+
+class CheckerProcess:
+    """`onnx.checker.check_model(path)` running in a child process."""
+
+    def __init__(self, path: Path):
+        self._child = subprocess.Popen([sys.executable, "-c", _CHECK, str(path)], stdin=subprocess.DEVNULL,
+                                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+    def accepted(self) -> bool:
+        """True when the checker accepted the file; False when it refused it or the child failed in any way."""
+        return self._child.wait() == 0
+
+    def stop(self) -> None:
+        """End the child early (the caller no longer needs its answer)."""
+        if self._child.poll() is None:
+            self._child.kill()
+            self._child.wait()
+
+
+def start_checker(path: Path, nodes: int) -> CheckerProcess | None:
+    """A child checking `path` when the model is large and a second core can run it; else None."""
+    if nodes < MIN_NODES or (os.cpu_count() or 1) < 2:
+        return None
+    try:
+        return CheckerProcess(path)
+    except OSError:  # no interpreter to start (an embedded Python, a process limit): check in process
+        return None

@@ -1,0 +1,71 @@
+"""The ONNX checker in a second process beside the import: the same model, notes and refusals as in process.
+
+Large models are checked by a child while the graph is built (`qdq.checker_process`). These tests
+force that path on the corpus's odd files, those whose check leads somewhere other than a plain
+pass (a refusal onnxruntime overrules, repairs, an outright refusal), and compare what
+`load_model` gives with the in-process check: the written proto, the notes, or the error.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from qdq import checker_process
+from qdq.errors import ModelLoadError
+from qdq.model import load_model, to_proto
+
+CORPUS = Path(__file__).parent / "corpus"
+CASES = {
+    "plain": "ort/resnet_default.onnx",
+    "checker refuses, onnxruntime loads": "public/onnxruntime/qdq_with_multi_consumer_q_dq_axis.onnx",
+    "nodes out of order": "public/onnxruntime/constant_folding_dequantizelinear.onnx",
+    "quark's order": "quark/resnet_xint8.onnx",
+    "output without a shape": "public/polygraphy/qdq_conv.onnx",
+    "refused": "public/polygraphy/weightless.qdq_conv.onnx",
+}
+
+
+def loaded(path: Path) -> tuple[str, object, list[str]]:
+    """What load_model makes of a file: ("model", its proto as written, notes) or ("refused", message, [])."""
+    try:
+        model = load_model(path)
+    except ModelLoadError as exc:
+        return "refused", str(exc), []
+    return "model", to_proto(model).SerializeToString(deterministic=True), model.notes
+
+
+@pytest.mark.parametrize("case", CASES, ids=list(CASES))
+def test_a_second_process_gives_what_the_check_in_process_gives(case, monkeypatch):
+    path = CORPUS / CASES[case]
+    started = []
+    real = checker_process.CheckerProcess
+    monkeypatch.setattr(checker_process, "CheckerProcess", lambda p: started.append(p) or real(p))
+    in_process = loaded(path)
+    assert started == []  # corpus files are far below MIN_NODES
+    monkeypatch.setattr(checker_process, "MIN_NODES", 0)
+    beside = loaded(path)
+    assert started == [path]
+    assert beside == in_process
+
+
+def test_the_child_reports_the_checkers_verdict():
+    accepted = checker_process.CheckerProcess(CORPUS / CASES["plain"])
+    refused = checker_process.CheckerProcess(CORPUS / CASES["refused"])
+    assert accepted.accepted() is True
+    assert refused.accepted() is False
+
+
+def test_small_models_and_single_cores_check_in_process(monkeypatch, tmp_path):
+    path = CORPUS / CASES["plain"]
+    assert checker_process.start_checker(path, checker_process.MIN_NODES - 1) is None
+    monkeypatch.setattr(checker_process.os, "cpu_count", lambda: 1)
+    assert checker_process.start_checker(path, checker_process.MIN_NODES) is None
+
+
+def test_no_interpreter_to_start_means_checking_in_process(monkeypatch):
+    monkeypatch.setattr(checker_process.sys, "executable", "/nonexistent/python")
+    monkeypatch.setattr(checker_process, "MIN_NODES", 0)
+    assert checker_process.start_checker(CORPUS / CASES["plain"], 10) is None
+    assert loaded(CORPUS / CASES["plain"])[0] == "model"
