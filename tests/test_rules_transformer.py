@@ -23,7 +23,6 @@ from qdq.rule import Severity
 from qdq.ruleset import load_target
 
 CORPUS = Path(__file__).resolve().parent / "corpus"
-RNG = np.random.default_rng(0)
 
 
 def codes(path: Path, target: str = "trt", severity: Severity = Severity.WARNING) -> list[str]:
@@ -107,7 +106,7 @@ def gemm_model(n: int, m: int | str = 4, k: int = 32, tmp_path: Path | None = No
     """x[m, k] → Q/DQ → MatMul(DQ(w[k, n])) → y."""
     b = GraphBuilder()
     x = b.input("x", [m, k])
-    w = b.weight("w", RNG.normal(0, 0.2, (k, n)).astype(np.float32), scale=0.01)
+    w = b.weight("w", np.random.default_rng(1).normal(0, 0.2, (k, n)).astype(np.float32), scale=0.01)
     b.node("MatMul", [b.qdq(x, 0.02), w], outputs=["y"], name="matmul")
     b.output("y", [m, n])
     return b.save(tmp_path / f"gemm_{n}_{m}.onnx")
@@ -123,7 +122,7 @@ def test_small_gemm_is_reported_only_from_stated_dimensions(tmp_path, n, m, expe
 def test_small_gemm_fix_computes_the_gemm_in_float_on_the_weights_the_model_held(tmp_path):
     path = gemm_model(8, tmp_path=tmp_path)
     out = fixed(path, tmp_path)
-    x = RNG.normal(0, 1, (4, 32)).astype(np.float32)
+    x = np.random.default_rng(2).normal(0, 1, (4, 32)).astype(np.float32)
     graph = onnx.load(str(out)).graph
     [matmul] = [n for n in graph.node if n.op_type == "MatMul"]
     weights = {t.name: onnx.numpy_helper.to_array(t) for t in graph.initializer}
@@ -142,7 +141,7 @@ def output_qdq_model(tmp_path: Path) -> Path:
     """x → Conv → Q(0.05) → DQ → y: the graph output is a Q/DQ of the conv's output."""
     b = GraphBuilder()
     x = b.input("x", [1, 16, 4, 4])
-    w = b.weight("w", RNG.normal(0, 0.3, (16, 16, 1, 1)).astype(np.float32), scale=0.01)
+    w = b.weight("w", np.random.default_rng(3).normal(0, 0.3, (16, 16, 1, 1)).astype(np.float32), scale=0.01)
     conv = b.node("Conv", [b.qdq(x, 0.02), w], name="conv")
     b.node("DequantizeLinear", [b.q(conv, 0.05, name="y_q"), *b.qparams("y_dq", 0.05)], outputs=["y"], name="y_dq")
     b.output("y", [1, 16, 4, 4])
@@ -155,7 +154,7 @@ def test_graph_output_pair_becomes_a_clip_at_the_range_the_grid_held(tmp_path):
     out = fixed(path, tmp_path)
     made_by = _producer(onnx.load(str(out)).graph)
     assert made_by["y"].op_type == "Clip"
-    x = RNG.normal(0, 3, (1, 16, 4, 4)).astype(np.float32)  # wide enough that some outputs saturate
+    x = np.random.default_rng(4).normal(0, 3, (1, 16, 4, 4)).astype(np.float32)  # wide enough that some outputs saturate
     before, after = run(path, {"x": x})[0], run(out, {"x": x})[0]
     assert np.max(np.abs(after)) <= 128 * 0.05 and np.any(np.abs(before) >= 127 * 0.05)
     # Only the rounding to the output grid is gone: at most half a step anywhere.
@@ -169,13 +168,13 @@ def softmax_model(tmp_path: Path, also_matmul: bool) -> Path:
     """x → MatMul → Q/DQ → Softmax (and, optionally, the same DQ into a second MatMul)."""
     b = GraphBuilder()
     x = b.input("x", [4, 32])
-    w = b.weight("w", RNG.normal(0, 0.2, (32, 32)).astype(np.float32), scale=0.01)
+    w = b.weight("w", np.random.default_rng(5).normal(0, 0.2, (32, 32)).astype(np.float32), scale=0.01)
     scores = b.node("MatMul", [b.qdq(x, 0.02), w], name="matmul")
     dequantized = b.qdq(scores, 0.05, name="scores")
     b.node("Softmax", [dequantized], outputs=["y"], axis=-1)
     b.output("y", [4, 32])
     if also_matmul:
-        w2 = b.weight("w2", RNG.normal(0, 0.2, (32, 32)).astype(np.float32), scale=0.01)
+        w2 = b.weight("w2", np.random.default_rng(6).normal(0, 0.2, (32, 32)).astype(np.float32), scale=0.01)
         b.node("MatMul", [dequantized, w2], outputs=["z"], name="matmul2")
         b.output("z", [4, 32])
     return b.save(tmp_path / f"softmax_{also_matmul}.onnx")
