@@ -324,11 +324,7 @@ def compare(
     """
     samples = [feeds] if isinstance(feeds, dict) else feeds
     reference, candidate = Path(reference), Path(candidate)
-    ref_session = _session(reference)
-    try:
-        cand_session = _session(candidate)
-    except QdqError as exc:
-        raise CandidateFailed(str(exc)) from None
+    ref_session, cand_session = _sessions(reference, candidate)
     ref_names = [o.name for o in ref_session.get_outputs()]
     cand_names = [o.name for o in cand_session.get_outputs()]
     if set(ref_names) != set(cand_names):
@@ -416,13 +412,20 @@ def _bit_identical(a: np.ndarray, b: np.ndarray) -> bool:
     return a.tobytes() == b.tobytes()
 
 
-def _session(path: Path):
-    from qdq.runtime import session  # imported here: the rest of qdq does not need onnxruntime
+def _sessions(reference: Path, candidate: Path):
+    """Both models' sessions, built side by side; the reference's refusal first, as the input is at fault then."""
+    from qdq.runtime import sessions  # imported here: the rest of qdq does not need onnxruntime
 
-    try:
-        return session(path)
-    except Exception as exc:
-        raise QdqError(f"{path}: onnxruntime cannot load the model: {_first_line(exc)}") from None
+    ref_session, cand_session = sessions(reference, candidate)
+    if isinstance(ref_session, Exception):
+        raise QdqError(_cannot_load(reference, ref_session))
+    if isinstance(cand_session, Exception):
+        raise CandidateFailed(_cannot_load(candidate, cand_session))
+    return ref_session, cand_session
+
+
+def _cannot_load(path: Path, exc: Exception) -> str:
+    return f"{path}: onnxruntime cannot load the model: {_first_line(exc)}"
 
 
 def _run_all(session, path: Path, names: list[str], samples: list[dict[str, np.ndarray]]) -> dict[str, object]:

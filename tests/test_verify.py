@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -494,3 +495,25 @@ def test_npy_instead_of_npz(capsys, ref, off, tmp_path):
     npy = tmp_path / "x.npy"
     np.save(npy, np.zeros(SHAPE, np.float32))
     assert_usage_error(capsys, ref, off, "--inputs", npy, expect="numpy.savez")
+
+
+def test_both_sessions_are_built_side_by_side_and_the_references_refusal_comes_first(ref, off, tmp_path, capsys):
+    """runtime.sessions builds the two models' sessions in threads: each model gets its own outcome,
+    a refused reference is the input's fault (QdqError) before a refused candidate is qdq's
+    (CandidateFailed), and stdout is the same object afterwards (one redirect, not one per thread)."""
+    from qdq.runtime import sessions
+    from qdq.verify import CandidateFailed
+
+    unloadable = tmp_path / "unloadable.onnx"
+    unloadable.write_bytes(b"not a model")
+    stdout = sys.stdout
+    built = sessions(ref, unloadable, off)
+    assert [isinstance(s, Exception) for s in built] == [False, True, False]
+    assert sys.stdout is stdout
+    feeds = {"x": np.ones(SHAPE, dtype=np.float32)}
+    with pytest.raises(CandidateFailed, match="unloadable.onnx: onnxruntime cannot load the model"):
+        compare(ref, unloadable, feeds)
+    with pytest.raises(QdqError, match="unloadable.onnx: onnxruntime cannot load the model") as refused:
+        compare(unloadable, unloadable.with_name("missing.onnx"), feeds)
+    assert not isinstance(refused.value, CandidateFailed)
+    assert compare(ref, off, feeds).outputs  # two good models still compare
