@@ -40,8 +40,8 @@ class CheckerProcess:
 
 def start_checker(path: Path, nodes: int) -> CheckerProcess | None:
     """A child checking `path` when the model is large and a second core can run it; else None."""
-    if nodes < MIN_NODES or (os.cpu_count() or 1) < 2:
-        return None
+    if nodes < MIN_NODES or (os.cpu_count() or 1) < 2 or getattr(sys, "frozen", False):
+        return None  # a frozen application's executable is not an interpreter that takes -c
     try:
         return CheckerProcess(path)
     except OSError:  # no interpreter to start (an embedded Python, a process limit): check in process

@@ -64,6 +64,11 @@ def test_small_models_and_single_cores_check_in_process(monkeypatch, tmp_path):
     assert checker_process.start_checker(path, checker_process.MIN_NODES) is None
 
 
+def test_a_frozen_application_checks_in_process(monkeypatch):
+    monkeypatch.setattr(checker_process.sys, "frozen", True, raising=False)
+    assert checker_process.start_checker(CORPUS / CASES["plain"], checker_process.MIN_NODES) is None
+
+
 def test_no_interpreter_to_start_means_checking_in_process(monkeypatch):
     monkeypatch.setattr(checker_process.sys, "executable", "/nonexistent/python")
     monkeypatch.setattr(checker_process, "MIN_NODES", 0)
