@@ -26,6 +26,14 @@ def builder() -> GraphBuilder:
     return GraphBuilder()
 
 
+@pytest.fixture(autouse=True)
+def _draws_independent_of_test_order(request):
+    """A test module's shared generator (`RNG`) starts afresh for every test, so what a test draws
+    does not depend on which tests ran before it on the same xdist worker."""
+    if isinstance(getattr(request.module, "RNG", None), np.random.Generator):
+        request.module.RNG = np.random.default_rng(0)
+
+
 @pytest.fixture(params=["checker in process", "checker in a second process"])
 def checker_placements(request, monkeypatch) -> str:
     """Run a test twice: with the ONNX checker in process, and in a child beside the import as on large models."""
