@@ -40,9 +40,17 @@ class CheckerProcess:
 
 def start_checker(path: Path, nodes: int) -> CheckerProcess | None:
     """A child checking `path` when the model is large and a second core can run it; else None."""
-    if nodes < MIN_NODES or (os.cpu_count() or 1) < 2 or getattr(sys, "frozen", False):
+    if nodes < MIN_NODES or usable_cores() < 2 or getattr(sys, "frozen", False):
         return None  # a frozen application's executable is not an interpreter that takes -c
     try:
         return CheckerProcess(path)
     except OSError:  # no interpreter to start (an embedded Python, a process limit): check in process
         return None
+
+
+def usable_cores() -> int:
+    """The cores this process may run on (its affinity where the OS says, else the machine's count)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # macOS and Windows have no affinity call
+        return os.cpu_count() or 1

@@ -60,8 +60,12 @@ def test_the_child_reports_the_checkers_verdict():
 def test_small_models_and_single_cores_check_in_process(monkeypatch, tmp_path):
     path = CORPUS / CASES["plain"]
     assert checker_process.start_checker(path, checker_process.MIN_NODES - 1) is None
-    monkeypatch.setattr(checker_process.os, "cpu_count", lambda: 1)
+    monkeypatch.setattr(checker_process, "usable_cores", lambda: 1)
     assert checker_process.start_checker(path, checker_process.MIN_NODES) is None
+
+
+def test_usable_cores_are_those_the_process_may_run_on():
+    assert 1 <= checker_process.usable_cores() <= (checker_process.os.cpu_count() or 1)
 
 
 def test_a_frozen_application_checks_in_process(monkeypatch):
