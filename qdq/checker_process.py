@@ -31,8 +31,11 @@ class CheckerProcess:
         """True when the checker accepted the file; False when it refused it or the child failed in any way."""
         return self._child.wait() == 0
 
-    def stop(self) -> None:
-        """End the child early (the caller no longer needs its answer)."""
+    def __enter__(self) -> CheckerProcess:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        """End the child if it still runs (the caller stopped waiting for its answer)."""
         if self._child.poll() is None:
             self._child.kill()
             self._child.wait()

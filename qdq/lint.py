@@ -143,11 +143,12 @@ def lint(
             index = QuantIndex(model)
         notes += _coverage_notes(model, index) + _shared_name_notes(model)
         enabled = ruleset.enabled() if index.has_qdq else []
+        codes = ruleset.enabled_codes()
         for number, (rule, cfg) in enumerate(enabled, 1):
             progress.step(f"checking {rule.code} {rule.name} ({number}/{len(enabled)})")
             rules_run.append(rule.code)
             ctx = CheckContext(model=model, index=index, params=cfg.params, severity=cfg.severity, ranges=ranges,
-                               enabled=ruleset.enabled_codes())
+                               enabled=codes)
             known = checked.get(rule.code) if checked else None
             findings.extend(predict(finding, cfg) for finding in (rule.check(ctx) if known is None else known))
         # Stable sort: a rule's findings on one node stay in the order the rule reported them.

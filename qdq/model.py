@@ -157,16 +157,15 @@ def load_model(path: str | os.PathLike) -> Model:
         graph = _imported(proto, path)
     else:
         proto, graph, notes = _imported_beside(checker, proto, path)
+    for note in notes:  # reports carry them too (lint and inspect notes, fix's report)
+        log.warning("%s: %s", path, note)
     return Model(graph=graph, path=path, opset=opset, proto=proto, notes=notes, data_files=data_files)
 
 
 def _checked(proto: onnx.ModelProto, path: Path) -> list[str]:
-    """The ONNX checker (and repairs) in this process; the notes, logged here and carried by reports."""
+    """The ONNX checker (and repairs) in this process; `normalize`'s notes."""
     progress.step(f"checking {path.name} with the ONNX checker")
-    notes = _repaired_and_checked(proto, path)
-    for note in notes:
-        log.warning("%s: %s", path, note)
-    return notes
+    return _repaired_and_checked(proto, path)
 
 
 def _imported(proto: onnx.ModelProto, path: Path) -> ir.Graph:
@@ -187,7 +186,7 @@ def _imported_beside(checker: CheckerProcess, proto: onnx.ModelProto,
     refused file gets (repairs, onnxruntime's verdict, the refusal's message) does not depend
     on where the checker ran.
     """
-    try:
+    with checker:
         try:
             notes = normalize(proto, checked=True)
             graph = _imported(proto, path)
@@ -197,13 +196,9 @@ def _imported_beside(checker: CheckerProcess, proto: onnx.ModelProto,
             failure = None
         progress.step(f"checking {path.name} with the ONNX checker (in a second process)")
         accepted = checker.accepted()
-    finally:
-        checker.stop()
     if accepted:
         if failure is not None:
             raise failure
-        for note in notes:
-            log.warning("%s: %s", path, note)
         return proto, graph, notes
     proto = onnx.load(str(path), load_external_data=False)  # normalize may have changed the first copy
     notes = _checked(proto, path)
