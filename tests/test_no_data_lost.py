@@ -180,7 +180,10 @@ def test_killed_write_leaves_the_old_output_or_none(tmp_path, where, previous):
     if previous is not None:
         out.write_bytes(previous)
     ready = tmp_path / "ready"
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
+    scratch = tmp_path / "scratch"  # a killed process cannot remove its scratch folder: keep it in tmp_path
+    scratch.mkdir()
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]),
+           "TMPDIR": str(scratch)}
     child = subprocess.Popen(
         [sys.executable, "-c", _CHILD, str(out), str(ready), where, "fix", str(source), "--target", "npu", "-o", str(out)],
         env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
