@@ -25,6 +25,7 @@ from onnx import TensorProto
 QParams = ConstantSource = Any
 
 EXTERNAL = TensorProto.EXTERNAL
+_UNREAD = object()
 # Types the spec allows a scale to have: numpy's layout of their raw_data, and the typed field that
 # holds their values otherwise (bfloat16 has neither in numpy's terms, and a double scale is
 # invalid: both are read one by one).
@@ -66,16 +67,27 @@ class ParamColumn:
         A type maps to its numpy layout and the typed field that holds its values when raw_data
         does not (onnx's writers use either: onnxruntime's quantizer writes `float_data`).
         """
-        groups: dict[tuple[int, str], tuple[list[int], list]] = {}
+        groups: dict[tuple[int, str], tuple[list[int], list, list[int]]] = {}
+        # Each constant is read once (a Q and its DQ usually share their parameters): the lists of its
+        # group, its values and its rank, or None when it is not decoded here.
+        read: dict[int, tuple | None] = {}
         for row, source in enumerate(sources):
-            found = _stored(source, types)
-            if found is not None:
-                rows, data = groups.setdefault((found[0].data_type, found[1]), ([], []))
+            if source is None:
+                continue
+            key = id(source.constant) if not source.via else None  # a path through nodes is judged each time
+            place = read.get(key, _UNREAD)
+            if place is _UNREAD:
+                found = _stored(source, types)
+                place = None if found is None else (groups.setdefault(found[:2], ([], [], [])), found[2], found[3])
+                if key is not None:
+                    read[key] = place
+            if place is not None:
+                (rows, data, ranks), values, rank = place
                 rows.append(row)
-                data.append(found[2])
-                self.ndim[row] = len(found[0].dims)
+                data.append(values)
+                ranks.append(rank)
         parts, offset = [], 0
-        for (data_type, field), (rows, data) in groups.items():
+        for (data_type, field), (rows, data, ranks) in groups.items():
             dtype = types[data_type][0]
             if field == "raw_data":
                 sizes = np.fromiter(map(len, data), dtype=np.int64, count=len(data)) // dtype.itemsize
@@ -86,6 +98,7 @@ class ParamColumn:
                 values = np.fromiter(chain.from_iterable(data), dtype=np.float64).astype(dtype).astype(np.float64)
             starts = np.cumsum(sizes) - sizes
             where = np.asarray(rows, dtype=np.int64)
+            self.ndim[where] = ranks
             self.start[where], self.size[where] = starts + offset, sizes
             self.low[where] = np.minimum.reduceat(values, starts)
             self.high[where] = np.maximum.reduceat(values, starts)
@@ -210,20 +223,24 @@ class ParamTable:
         self._single_scales[row] = None
 
 
-def _stored(source: ConstantSource | None, types: dict) -> tuple[TensorProto, str, object] | None:
-    """The TensorProto behind a source, the field holding its values and those values, when they are
-    inline and what the Q/DQ reads (no Cast on the way)."""
-    if source is None or (source.via and any(node.op == "Cast" for node in source.via)):
+def _stored(source: ConstantSource, types: dict) -> tuple[int, str, object, int] | None:
+    """The element type of the TensorProto behind a source, the field holding its values, those
+    values and its rank, when they are inline and what the Q/DQ reads (no Cast on the way)."""
+    if source.via and any(node.op == "Cast" for node in source.via):
         return None
     proto = source.constant.proto  # the values as read, until a fix sets them
-    known = types.get(proto.data_type) if isinstance(proto, TensorProto) and proto.data_location != EXTERNAL else None
+    if not isinstance(proto, TensorProto) or proto.data_location == EXTERNAL:
+        return None
+    data_type = proto.data_type
+    known = types.get(data_type)
     if known is None:
         return None
     dtype, typed = known
-    count = math.prod(proto.dims)
+    dims = proto.dims
+    count = math.prod(dims)
     raw = proto.raw_data  # each read of a bytes field copies it
     # Empty or short data is read one by one, where it gets its error message (Model.constant_values).
     if raw:
-        return (proto, "raw_data", raw) if len(raw) == count * dtype.itemsize else None
+        return (data_type, "raw_data", raw, len(dims)) if len(raw) == count * dtype.itemsize else None
     values = getattr(proto, typed) if typed is not None else ()
-    return (proto, typed, values) if count and len(values) == count else None
+    return (data_type, typed, values, len(dims)) if count and len(values) == count else None

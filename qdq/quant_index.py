@@ -401,21 +401,28 @@ class QuantIndex:
     # --- construction --------------------------------------------------------------------------
 
     def _read_params(self, node: ir.Node) -> QParams:
-        inputs = list(node.inputs) + [None] * 3
-        scale_input, zero_point_input = inputs[1], inputs[2]
+        # Called for every Q/DQ (75k at 100k nodes): the common case, parameters read straight from
+        # initializers and no attributes, takes no detour.
+        inputs, attrs = node.inputs, node.attrs
+        scale_input = inputs[1] if len(inputs) > 1 else None
+        zero_point_input = inputs[2] if len(inputs) > 2 else None
         if zero_point_input is not None and _is_empty_input(zero_point_input):
             zero_point_input = None
         scale_source = resolve_constant(scale_input) if scale_input is not None else None
         zp_source = resolve_constant(zero_point_input) if zero_point_input is not None else None
+        if zp_source is not None and not zp_source.via:
+            elem_type = onnx_type_of(zp_source.constant)
+        else:
+            elem_type = self._quantized_type(node, zero_point_input, zp_source)
         return QParams(
             node=node,
             scale_input=scale_input,
             zero_point_input=zero_point_input,
             scale_source=scale_source,
             zero_point_source=zp_source,
-            axis=int(node.attrs.get("axis", 1)),
-            block_size=int(node.attrs.get("block_size", 0) or 0),
-            elem_type=self._quantized_type(node, zero_point_input, zp_source),
+            axis=int(attrs.get("axis", 1)) if attrs else 1,
+            block_size=int(attrs.get("block_size", 0) or 0) if attrs else 0,
+            elem_type=elem_type,
             model=self.model,
         )
 
