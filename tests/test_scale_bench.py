@@ -1,7 +1,7 @@
 """Smoke test of benchmarks/scale.py: its generated models are valid, and a one-repeat run on
 small ones judges every target of issue 8 from a measurement (the numbers themselves are not
 asserted: at this size they say nothing about scale); and of benchmarks/graph_layer.py,
-benchmarks/lint_profile.py and benchmarks/ort_session_phases.py, which run."""
+benchmarks/lint_profile.py, benchmarks/lint_floor.py and benchmarks/ort_session_phases.py, which run."""
 
 from __future__ import annotations
 
@@ -79,6 +79,24 @@ def test_lint_profile_times_every_phase_and_rule(tmp_path, capsys):
     assert all(seconds >= 0 for seconds in phases.values()) and phases["building the graph of MODEL"] > 0
     assert profile["findings"] == len(qdq.lint(model, target="trt").findings)
     assert "slowest rules:" in capsys.readouterr().out
+
+
+def test_lint_floor_reads_every_tensor_and_times_what_lint_pays_before_its_rules(tmp_path, capsys):
+    benchmark = load("lint_floor")
+    model = BENCHMARKS.parent / "examples" / "models" / "demo_fx_qat.onnx"
+    proto = onnx.load(str(model))
+    names = {i.name for i in proto.graph.initializer} | {
+        name for node in proto.graph.node for name in [*node.input, *node.output]}
+    assert benchmark.table_read(proto) == len(names)
+    out = tmp_path / "floor.json"
+    assert benchmark.main([str(model), "--repeats", "1", "--json", str(out)]) == 0
+    floor = json.loads(out.read_text())
+    phases = floor["seconds"]
+    assert {"onnx.load", "onnx.save", "table read (the floor)", "qdq: reading and checking", "qdq: building the graph",
+            "qdq: indexing the Q/DQ nodes", benchmark.PROCESS_START} == set(phases)
+    assert all(seconds > 0 for seconds in phases.values())
+    assert floor["before_rules"] > phases[benchmark.PROCESS_START]
+    assert "left for the rules and the report at 4x" in capsys.readouterr().out
 
 
 def test_ort_session_phases_finds_every_phase_in_onnxruntimes_log(tmp_path, capsys):
