@@ -72,7 +72,7 @@ class ConstantSource:
     @cached_property
     def elem_type(self) -> int:
         """The element type the Q/DQ reads: the last Cast's target, else the constant's own type."""
-        return self.cast_to or onnx_type_of(self.constant)
+        return (self.via and self.cast_to) or onnx_type_of(self.constant)  # no Cast to look for without `via`
 
     @property
     def origin(self) -> ir.Constant | ir.Node:
@@ -401,8 +401,7 @@ class QuantIndex:
     # --- construction --------------------------------------------------------------------------
 
     def _read_params(self, node: ir.Node) -> QParams:
-        # Called for every Q/DQ (75k at 100k nodes): the common case, parameters read straight from
-        # initializers and no attributes, takes no detour.
+        # Called for every Q/DQ (75k at 100k nodes): nodes without attributes skip their lookups.
         inputs, attrs = node.inputs, node.attrs
         scale_input = inputs[1] if len(inputs) > 1 else None
         zero_point_input = inputs[2] if len(inputs) > 2 else None
@@ -410,10 +409,6 @@ class QuantIndex:
             zero_point_input = None
         scale_source = resolve_constant(scale_input) if scale_input is not None else None
         zp_source = resolve_constant(zero_point_input) if zero_point_input is not None else None
-        if zp_source is not None and not zp_source.via:
-            elem_type = onnx_type_of(zp_source.constant)
-        else:
-            elem_type = self._quantized_type(node, zero_point_input, zp_source)
         return QParams(
             node=node,
             scale_input=scale_input,
@@ -422,7 +417,7 @@ class QuantIndex:
             zero_point_source=zp_source,
             axis=int(attrs.get("axis", 1)) if attrs else 1,
             block_size=int(attrs.get("block_size", 0) or 0) if attrs else 0,
-            elem_type=elem_type,
+            elem_type=self._quantized_type(node, zero_point_input, zp_source),
             model=self.model,
         )
 
