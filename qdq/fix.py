@@ -21,14 +21,15 @@ from typing import Any
 
 from qdq import progress
 from qdq.edits import EditLog, EditRecord
-from qdq.errors import InvalidOutputError
+from qdq.checks.coverage import describe, unread_ops
+from qdq.errors import InvalidOutputError, QdqError
 from qdq.graph_tidy import tidy
 from qdq.lint import LintResult, lint
 from qdq.model import Model, gc_paused
 from qdq.names import Names
 from qdq.quant_index import QuantIndex
 from qdq.rule import Change, CheckContext, Finding, FixContext, FixSafety, Rule, ScaleCeilings
-from qdq.ruleset import RuleSet
+from qdq.ruleset import RuleSet, load_target
 
 log = logging.getLogger("qdq")
 
@@ -94,10 +95,21 @@ def fix(
     """Rewrite `model.graph` in place until the rule set's fixes change nothing (or `max_rounds`).
 
     `ranges` are measured (min, max) per float tensor (`qdq.calibrate.tensor_ranges`), for fixes
-    that need a scale the graph does not have.
+    that need a scale the graph does not have. A model that quantizes with ops qdq does not read
+    (QDQ006's quantizers) is refused: qdq would write a model whose quantization it never checked.
     """
+    _refuse_unread(model, ruleset)
     with gc_paused():  # see lint(): the collector's passes over a large graph cost more than the fixes
         return _fix(model, ruleset, exact_only, max_rounds, ranges)
+
+
+def _refuse_unread(model: Model, ruleset: RuleSet) -> None:
+    cfg = ruleset.rules.get("QDQ006") or load_target("common").rules["QDQ006"]  # a set that does not extend common
+    quantizers, _ = unread_ops(model.graph.nodes, cfg.params)
+    if quantizers:
+        raise QdqError(f"{model.path}: quantized with ops qdq does not read ({describe(quantizers)}); nothing written: export "
+                       "QuantizeLinear/DequantizeLinear (QCDQ) instead, e.g. Brevitas export_onnx_qcdq or QONNX's "
+                       "QuantToQCDQ transformation (`qdq explain QDQ006`)")
 
 
 def _fix(

@@ -8,7 +8,6 @@ from pathlib import Path
 
 from qdq import progress
 from qdq.model import Model, gc_paused
-from qdq.ops import is_unread_quantizer
 from qdq.quant_index import QuantIndex
 from qdq.rule import CheckContext, Finding, Severity
 from qdq.ruleset import RuleConfig, RuleSet
@@ -141,8 +140,8 @@ def lint(
         if index is None:
             progress.step("indexing the Q/DQ nodes")
             index = QuantIndex(model)
-        notes += _coverage_notes(model, index) + _shared_name_notes(model)
-        enabled = ruleset.enabled() if index.has_qdq else []
+        notes += _shared_name_notes(model)
+        enabled = [(rule, cfg) for rule, cfg in ruleset.enabled() if index.has_qdq or rule.runs_without_qdq]
         codes = ruleset.enabled_codes()
         for number, (rule, cfg) in enumerate(enabled, 1):
             progress.step(f"checking {rule.code} {rule.name} ({number}/{len(enabled)})")
@@ -153,20 +152,16 @@ def lint(
             findings.extend(predict(finding, cfg) for finding in (rule.check(ctx) if known is None else known))
         # Stable sort: a rule's findings on one node stay in the order the rule reported them.
         findings.sort(key=lambda f: (-f.severity, f.code, f.node or ""))
+    if not index.has_qdq:
+        notes.append(_no_qdq_note(findings))
     return LintResult(model.path, ruleset, findings, rules_run, notes)
 
 
-def _coverage_notes(model: Model, index: QuantIndex) -> list[str]:
-    """What lint cannot see: a model without Q/DQ, and quantization ops qdq does not read."""
-    unread = Counter(f"{node.domain} {node.op}" if node.domain not in (None, "", "ai.onnx") else node.op
-                     for node in model.graph.nodes if is_unread_quantizer(node.op, node.domain))
-    named = ", ".join(f"{count} {op}" for op, count in sorted(unread.items()))
-    if not unread:
-        return [] if index.has_qdq else ["the model has no QuantizeLinear or DequantizeLinear nodes: nothing to check"]
-    if index.has_qdq:
-        return [f"qdq does not read {sum(unread.values())} quantization op(s) ({named}): what they quantize is not checked"]
-    return [f"the model quantizes only with ops qdq does not read ({named}); qdq reads QuantizeLinear and "
-            "DequantizeLinear (ONNX and com.microsoft): nothing to check"]
+def _no_qdq_note(findings: list[Finding]) -> str:
+    """A model without Q/DQ: nothing to check, unless it quantizes otherwise (QDQ006's finding says how)."""
+    if any(f.code == "QDQ006" for f in findings):
+        return "the model has no QuantizeLinear or DequantizeLinear nodes"
+    return "the model has no QuantizeLinear or DequantizeLinear nodes: nothing to check"
 
 
 def _shared_name_notes(model: Model) -> list[str]:

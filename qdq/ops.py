@@ -10,19 +10,3 @@ QDQ_OPS = (QUANTIZE, DEQUANTIZE)
 # onnxruntime's contrib Q/DQ (com.microsoft) has the same semantics, for int16 and int4 before opset 21.
 QDQ_DOMAINS = (None, "", "ai.onnx", "com.microsoft")
 
-
-# Ops that compute on integers with scales and zero-points of their own (the QOperator format of
-# ONNX and onnxruntime, weight-only int4/int8 kernels); besides these, any op named Q-Linear or
-# Q-Ordered, or with "quantize" in its name.
-INTEGER_OPS = frozenset({"ConvInteger", "MatMulInteger", "MatMulIntegerToFloat", "QGemm", "QAttention",
-                         "QEmbedLayerNormalization", "MatMulNBits", "MatMulBnb4"})
-
-
-def is_unread_quantizer(op: str, domain: str | None) -> bool:
-    """A quantization op qdq does not read: a vendor's own (AMD Quark's ExtendedQuantizeLinear or
-    BFPQuantizeDequantize, Vitis AI's VitisQuantizeLinear), dynamic quantization, or an op that
-    computes on integers (QLinearConv, QGemm, MatMulInteger). Lint names them, so that a model
-    quantized only with them never reads as having nothing to check."""
-    if op in QDQ_OPS and domain in QDQ_DOMAINS:
-        return False
-    return "quantize" in op.lower() or op.startswith(("QLinear", "QOrdered")) or op in INTEGER_OPS

@@ -182,6 +182,8 @@ class Rule:
     severity: ClassVar[Severity] = Severity.WARNING
     fix_safety: ClassVar[FixSafety | None] = None
     parameters: ClassVar[dict[str, Any]] = {}
+    # Most rules read Q/DQ nodes and are skipped on a model without any; a rule about the rest of the graph is not.
+    runs_without_qdq: ClassVar[bool] = False
 
     def check(self, ctx: CheckContext) -> Iterable[Finding]:
         raise NotImplementedError

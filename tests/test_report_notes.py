@@ -1,8 +1,8 @@
 """Reports say what qdq could not check and what reading a model changed, on real tools' files.
 
 AMD Quark's BF16 configuration quantizes with its own ExtendedQuantizeLinear/DequantizeLinear
-(com.amd.quark), which qdq does not read: lint must name them instead of calling the model one
-with nothing to quantize. Quark's XINT8 files have nodes out of topological order, which reading
+(com.amd.quark), which qdq does not read: lint must report them (QDQ006) instead of calling the
+model one with nothing to check. Quark's XINT8 files have nodes out of topological order, which reading
 sorts: the written file is sorted too, so `qdq fix` reports it as `qdq lint` does. Node names
 used twice pass the ONNX checker but not onnxruntime, and lint says so.
 """
@@ -33,11 +33,12 @@ def test_lint_names_the_quantization_ops_it_does_not_read(target):
     extended = {op: n for (domain, op), n in counts.items() if domain == "com.amd.quark"}
     assert set(extended) == {"ExtendedQuantizeLinear", "ExtendedDequantizeLinear"}
     run = qdq("lint", QUARK_BF16, "--target", target, "--format", "json")
-    assert run.code == 0, run.err
-    [note] = run.json()["notes"]
+    assert run.code == 1, run.err
+    [finding] = run.json()["findings"]
+    assert finding["code"] == "QDQ006" and finding["severity"] == "error"
     for op, n in extended.items():
-        assert f"{n} com.amd.quark {op}" in note
-    assert "nothing to check" in note and "no QuantizeLinear" not in note
+        assert f"{n} com.amd.quark {op}" in finding["message"]
+    assert run.json()["notes"] == ["the model has no QuantizeLinear or DequantizeLinear nodes"]
 
 
 def test_unread_quantization_ops_beside_qdq_are_named(tmp_path):
@@ -47,8 +48,9 @@ def test_unread_quantization_ops_beside_qdq_are_named(tmp_path):
     proto.opset_import.append(onnx.helper.make_opsetid("com.example", 1))
     path = tmp_path / "mixed.onnx"
     onnx.save(proto, str(path))
-    notes = qdq("lint", path, "--target", "trt", "--format", "json").json()["notes"]
-    assert "qdq does not read 1 quantization op(s) (1 com.example VendorDequantizeLinear)" in " ".join(notes)
+    findings = qdq("lint", path, "--target", "trt", "--format", "json").json()["findings"]
+    [unread] = [f for f in findings if f["code"] == "QDQ006"]
+    assert "quantized with 1 op(s) qdq does not read (1 com.example VendorDequantizeLinear)" in unread["message"]
 
 
 def written_in_order(path: Path) -> bool:

@@ -990,9 +990,9 @@ def test_torch_reference_export_fixes_to_a_clean_identical_model(tmp_path, order
 # --- rule metadata ----------------------------------------------------------------------------------
 
 
-def test_common_set_is_the_fourteen_common_rules():
+def test_common_set_is_the_fifteen_common_rules():
     assert COMMON == [
-        "QDQ001", "QDQ002", "QDQ003", "QDQ004", "QDQ005",
+        "QDQ001", "QDQ002", "QDQ003", "QDQ004", "QDQ005", "QDQ006",
         "QDQ101", "QDQ102", "QDQ103", "QDQ104",
         "QDQ201", "QDQ202", "QDQ203", "QDQ204", "QDQ301",
     ]
@@ -1019,6 +1019,9 @@ EXAMPLES = {
     "QDQ003": lambda b: b.output(weight_dq(b, "w", (4, 3), [0.1, 0.2, 0.3, 0.4], axis=2), [4, 3]),
     "QDQ004": lambda b: b.output(weight_dq(b, "w", (4, 3), [0.1, 0.2, 0.3, 0.4], zp=i8(0), axis=0), [4, 3]),
     "QDQ005": lambda b: b.output(b.node("DequantizeLinear", [b.init("w", i8([1])), b.input("s", [])], name="dq"), [1]),
+    "QDQ006": lambda b: b.output(b.node("MatMulInteger", [b.input("a", [2, 2], TensorProto.UINT8),
+                                                          b.init("w", np.ones((2, 2), np.uint8))], name="mmi"),
+                                 [2, 2], TensorProto.INT32),
     "QDQ101": lambda b: b.output(dq(b, q(b, b.input("x", [2]), "q", scale=0.02), "dq", scale=0.04), [2]),
     "QDQ102": lambda b: dq_then_q(b, 0.05, 0.05),
     "QDQ103": lambda b: dq_then_q(b, 0.05, 0.1),

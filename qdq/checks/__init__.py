@@ -1,6 +1,7 @@
 """Rule implementations, one module per family. Importing this package registers them all.
 
-- qparams: QDQ0xx, validity of scale, zero-point and axis
+- qparams: QDQ001-005, validity of scale, zero-point and axis
+- coverage: QDQ006, quantization qdq does not read (QONNX, vendor quantizers, integer kernels)
 - pairing: QDQ1xx, Q/DQ pairing and redundant or requantizing pairs
 - artefacts: QDQ2xx/QDQ3xx, exporter artefacts and dangling nodes
 - batchnorm: QDQ204, BatchNormalization or constant scaling left between a quantized conv and its Q
@@ -18,6 +19,6 @@
 """
 
 from qdq.checks import (  # noqa: F401
-    alignment, artefacts, batchnorm, bias, dpu, float_by_design, formats, lower_bounds, node_units, pairing,
+    alignment, artefacts, batchnorm, bias, coverage, dpu, float_by_design, formats, lower_bounds, node_units, pairing,
     placement, qparams, reduced_range, shifts, weight_type,
 )
