@@ -7,11 +7,12 @@ The library API mirrors the command line (docs/python-api.md):
 
     fixed = qdq.fix("model.onnx", target="npu")       # fixed.changes lists every edit
     qdq.save_model(fixed.model, "model_npu.onnx")
+    qdq.verify("model.onnx", "model_npu.onnx", target="npu").passed   # the verdict `qdq fix` gives
 """
 
 import logging
 
-from qdq.api import fix, lint
+from qdq.api import fix, lint, verify
 from qdq.fix import FixResult
 from qdq.lint import LintResult
 from qdq.model import Model, load_model, save_model
@@ -25,5 +26,5 @@ logging.getLogger("qdq").addHandler(logging.NullHandler())
 
 __all__ = [
     "FixResult", "LintResult", "Model", "RuleSet", "__version__",
-    "fix", "lint", "load_model", "load_rules_file", "load_target", "save_model",
+    "fix", "lint", "load_model", "load_rules_file", "load_target", "save_model", "verify",
 ]

@@ -1,7 +1,9 @@
-"""`lint` and `fix` as library calls: the model in whatever form the caller holds, the rules by target name or as a set.
+"""`lint`, `fix` and `verify` as library calls: the model in whatever form the caller holds, the rules by
+target name or as a set.
 
 The engine's `lint` (qdq/lint.py) and `fix` (qdq/fix.py) work on a loaded `Model` and a `RuleSet`, as
 the command line has them; these accept a path or an `onnx.ModelProto` too, and a `target=` name.
+`verify` gives the verdict `qdq fix` and `qdq verify` give (qdq/verdict.py), on two model files.
 """
 
 from __future__ import annotations
@@ -20,6 +22,8 @@ from qdq.lint import LintResult
 from qdq.lint import lint as lint_model
 from qdq.model import Model, load_model
 from qdq.ruleset import RuleSet, load_target
+from qdq.verdict import Criterion, judge
+from qdq.verify import VerifyResult
 
 ModelSource = str | os.PathLike | onnx.ModelProto | Model
 
@@ -40,6 +44,16 @@ def fix(model: ModelSource, ruleset: RuleSet | None = None, *, target: str | Non
     (`exact_only`, `max_rounds`, `ranges`) go to the engine's `fix` (qdq/fix.py).
     """
     return fix_model(as_model(model), _rules(ruleset, target), **options)
+
+
+def verify(reference: str | os.PathLike, candidate: str | os.PathLike, ruleset: RuleSet | None = None, *,
+           target: str | None = None, inputs: list[dict] | None = None, seed: int = 0, **gates: Any) -> VerifyResult:
+    """Judge `candidate` against `reference` (files) as `qdq verify` does: `result.passed`, and per output
+    the distances from the reference's float twin. `inputs`: samples (dicts of arrays by input name),
+    else random inputs the model is meant to see from `seed`; `gates`: atol, rtol, min_sqnr."""
+    ruleset = _rules(ruleset, target)
+    return judge(Path(reference), Path(candidate), ruleset, Criterion.of(ruleset, **gates), inputs,
+                 "given" if inputs is not None else "", seed)
 
 
 def as_model(model: ModelSource) -> Model:

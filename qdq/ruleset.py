@@ -19,7 +19,7 @@ from qdq.registry import all_rules
 from qdq.rule import Rule, Severity
 
 _RULE_KEYS = {"enabled", "severity", "effect", "reformats"}
-_SET_KEYS = {"name", "description", "extends", "params", "rules", "select", "ignore", "fix-order", "search"}
+_SET_KEYS = {"name", "description", "extends", "params", "rules", "select", "ignore", "fix-order", "search", "verdict"}
 
 
 @dataclass
@@ -50,6 +50,8 @@ class RuleSet:
     fix_order: list[str] = field(default_factory=list)
     # [search]: how `qdq fix --calibrate` refines power-of-two positions on data (`qdq.exponent_search`).
     search: dict[str, Any] = field(default_factory=dict)
+    # [verdict]: how a changed model is judged against the input's float twin (`qdq.verdict`).
+    verdict: dict[str, Any] = field(default_factory=dict)
 
     def enabled(self) -> list[tuple[Rule, RuleConfig]]:
         """Instances of the enabled rules, in code order."""
@@ -86,7 +88,8 @@ class RuleSet:
             if any(code.startswith(s) for s in ignore) or "ALL" in ignore:
                 on = False
             rules[code] = RuleConfig(code, on, cfg.severity, cfg.params, cfg.effect, cfg.reformats)
-        return RuleSet(self.name, self.description, rules, self.sources, self.params, self.fix_order, self.search)
+        return RuleSet(self.name, self.description, rules, self.sources, self.params, self.fix_order, self.search,
+                       self.verdict)
 
 
 def builtin_rules_dir() -> Path:
@@ -206,11 +209,13 @@ def _merge(base: RuleSet, data: dict, path: Path) -> RuleSet:
     name = data.get("name") or path.stem
     description = data.get("description", base.description)
     fix_order = _str_list(data, "fix-order", path) if "fix-order" in data else base.fix_order
-    search = data.get("search", {})
-    if not isinstance(search, dict):
-        raise RuleSetError(f"{path}: [search] must be a table")
+    tables = {}
+    for key in ("search", "verdict"):
+        tables[key] = data.get(key, {})
+        if not isinstance(tables[key], dict):
+            raise RuleSetError(f"{path}: [{key}] must be a table")
     return RuleSet(str(name), str(description), rules, base.sources + [str(path)], inherited, fix_order,
-                   {**base.search, **search})
+                   {**base.search, **tables["search"]}, {**base.verdict, **tables["verdict"]})
 
 
 def _typed_params(rule: type[Rule], values: dict, path: Path, strict: bool) -> dict[str, Any]:

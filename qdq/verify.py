@@ -54,7 +54,7 @@ class CandidateFailed(QdqError):
     """The reference ran but the candidate cannot be loaded, run or compared output by output."""
 
 
-class _RunFailed(QdqError):
+class RunFailed(QdqError):
     """onnxruntime created a session but could not run it on the feeds."""
 
     def __init__(self, model: Path, detail: str):
@@ -76,6 +76,13 @@ class OutputComparison:
     identical: bool  # bit-identical (NaNs in the same places count as equal)
     passed: bool
     nonfinite: int = 0  # elements where b is NaN/inf and a is finite (each one fails the output)
+    # The verdict against the float twin (`qdq.verdict`): relative L2 of reference and candidate
+    # from the twin, and the most the candidate's may be; None where no twin was run.
+    input_to_twin: float | None = None
+    candidate_to_twin: float | None = None
+    allowed: float | None = None
+    # False when the reference's output carries no information on the inputs (constant, NaN).
+    evidence: bool = True
 
     def to_dict(self) -> dict:
         return {
@@ -88,6 +95,10 @@ class OutputComparison:
             "mismatched": self.mismatched,
             "nonfinite": self.nonfinite,
             "identical": self.identical,
+            "input_to_twin": self.input_to_twin,
+            "candidate_to_twin": self.candidate_to_twin,
+            "allowed": self.allowed,
+            "evidence": self.evidence,
             "passed": self.passed,
         }
 
@@ -101,6 +112,10 @@ class VerifyResult:
     rtol: float
     min_sqnr: float | None
     outputs: list[OutputComparison] = field(default_factory=list)
+    # What the verdict compared against and how (`qdq.verdict`); empty for a plain comparison.
+    twin: str = ""
+    criterion: str = ""
+    runtime: str = "onnxruntime, optimisations off"
 
     @property
     def passed(self) -> bool:
@@ -118,6 +133,9 @@ class VerifyResult:
             "atol": self.atol,
             "rtol": self.rtol,
             "min_sqnr": self.min_sqnr,
+            "twin": self.twin,
+            "criterion": self.criterion,
+            "runtime": self.runtime,
             "passed": self.passed,
             "identical": self.identical,
             "outputs": [o.to_dict() for o in self.outputs],
@@ -132,6 +150,8 @@ def make_inputs(
     seed: int = 0,
     shapes: dict[str, tuple[int, ...]] | None = None,
     range_from: Path | None = None,
+    amplitude: float = 1.0,
+    smooth: bool = False,
 ) -> dict[str, np.ndarray]:
     """Random values for every graph input of the model, reproducible for a seed.
 
@@ -141,17 +161,19 @@ def make_inputs(
     ids) is uniform over the table's rows; other integer inputs are zeros and bool inputs False
     (random bits in a mask or a shape would change what the model computes). `range_from` is a
     second model to take that Q range from when this model's input has no Q (a float reference
-    compared with its quantized candidate). An input of another type, without a shape, or too
-    large raises `UnfeedableInput`.
+    compared with its quantized candidate). `amplitude` < 1 narrows float values around the middle
+    of that range (or the normal's spread); `smooth` makes image-like inputs (rank 4, at least 8×8)
+    spatially smooth, as pictures are (`qdq.meant_inputs`). An input of another type, without a
+    shape, or too large raises `UnfeedableInput`.
     """
     model_path = Path(model_path)
     graph = _load_graph(model_path)
     inputs = _graph_inputs(graph)
     shapes = dict(shapes or {})
     _check_shapes(inputs, shapes, model_path)
-    quantizers = [_Quantizers(graph, model_path.parent)]
+    quantizers = [Quantizers(graph, model_path.parent)]
     if range_from is not None:
-        quantizers.append(_Quantizers(_load_graph(Path(range_from)), Path(range_from).parent))
+        quantizers.append(Quantizers(_load_graph(Path(range_from)), Path(range_from).parent))
     rng = np.random.default_rng(seed)
     feeds: dict[str, np.ndarray] = {}
     for value in inputs:
@@ -162,12 +184,17 @@ def make_inputs(
         shape = _input_shape(value, shapes.get(value.name), model_path)
         if math.prod(shape) * np.dtype(dtype).itemsize > _MAX_RANDOM_INPUT_BYTES:
             raise UnfeedableInput(
-                model_path, f"input {value.name!r} of shape {_shape_text(shape)} is too large for random inputs; "
+                model_path, f"input {value.name!r} of shape {shape_text(shape)} is too large for random inputs; "
                 "give --inputs FILE.npz"
             )
         if elem_type in _FLOAT_TYPES:
             bounds = next((b for q in quantizers if (b := q.range_of(value.name, shape)) is not None), None)
-            if bounds is not None:
+            if amplitude != 1.0 or smooth:
+                center, half = ((bounds[0] + bounds[1]) / 2, (bounds[1] - bounds[0]) / 2) if bounds is not None \
+                    else (0.0, 1.0)
+                noise = smooth_noise(rng, shape) if smooth else rng.uniform(-1.0, 1.0, size=shape)
+                feeds[value.name] = (center + amplitude * half * noise).astype(dtype)
+            elif bounds is not None:
                 low, high = bounds
                 log.debug("input %r: uniform over the Q range [%g, %g]", value.name, np.min(low), np.max(high))
                 feeds[value.name] = rng.uniform(low, high, size=shape).astype(dtype)
@@ -180,6 +207,32 @@ def make_inputs(
         else:
             feeds[value.name] = np.zeros(shape, dtype=dtype)
     return feeds
+
+
+def smooth_noise(rng: np.random.Generator, shape: tuple[int, ...]) -> np.ndarray:
+    """Values in [-1, 1]: uniform noise, except for image-like shapes (N, C, H, W with H, W >= 8),
+    where it is blurred over H and W and shared in part between channels, as in pictures."""
+    if len(shape) != 4 or min(shape[2:]) < 8:
+        return rng.uniform(-1.0, 1.0, size=shape)
+    n, c, h, w = shape
+    field = 0.7 * rng.uniform(-1.0, 1.0, size=(n, 1, h, w)) + 0.3 * rng.uniform(-1.0, 1.0, size=shape)
+    width = max(2, min(h, w) // 8)
+    for axis in (2, 3):
+        for _ in range(2):  # two box blurs: close to a Gaussian
+            field = _box_blur(field, axis, width)
+    peak = np.max(np.abs(field), axis=(1, 2, 3), keepdims=True)
+    return field / np.where(peak > 0, peak, 1.0)
+
+
+def _box_blur(values: np.ndarray, axis: int, width: int) -> np.ndarray:
+    """Mean over a window of `width` along `axis`, same size (edges padded by reflection)."""
+    pad = [(0, 0)] * values.ndim
+    pad[axis] = (width // 2, width - 1 - width // 2)
+    padded = np.pad(values, pad, mode="reflect")
+    total = np.cumsum(padded, axis=axis)
+    total = np.concatenate([np.zeros_like(np.take(total, [0], axis=axis)), total], axis=axis)
+    size = values.shape[axis]
+    return (np.take(total, np.arange(width, width + size), axis=axis) - np.take(total, np.arange(size), axis=axis)) / width
 
 
 def _index_rows(graph: onnx.GraphProto, name: str) -> int:
@@ -273,13 +326,13 @@ def _checked(
             dims = list(tensor_type.shape.dim)
             if array.ndim != len(dims):
                 raise QdqError(
-                    f"{npz_path}: input {value.name!r} has rank {array.ndim} (shape {_shape_text(array.shape)}), "
+                    f"{npz_path}: input {value.name!r} has rank {array.ndim} (shape {shape_text(array.shape)}), "
                     f"the model expects rank {len(dims)}"
                 )
             for axis, (dim, size) in enumerate(zip(dims, array.shape)):
                 if dim.HasField("dim_value") and dim.dim_value >= 0 and dim.dim_value != size:
                     raise QdqError(
-                        f"{npz_path}: input {value.name!r} has shape {_shape_text(array.shape)}, "
+                        f"{npz_path}: input {value.name!r} has shape {shape_text(array.shape)}, "
                         f"the model expects {dim.dim_value} on axis {axis}"
                     )
     return {i.name: arrays[i.name] for i in inputs}
@@ -337,26 +390,26 @@ def compare(
             parts.append(f"only in {candidate}: {', '.join(only_cand)}")
         raise CandidateFailed(f"the models have different outputs ({'; '.join(parts)})")
     try:
-        ref_out = _run_all(ref_session, reference, ref_names, samples)
-    except _RunFailed as exc:
+        ref_out = run_all(ref_session, reference, ref_names, samples)
+    except RunFailed as exc:
         # The reference itself cannot run on these inputs (a declared -1 dimension, a shape check
         # only made at run time): nothing qdq did is at fault, and there is nothing to compare with.
         where = f" on {inputs_label}" if inputs_label else ""
         raise UnfeedableInput(reference, f"onnxruntime cannot run the model{where} ({exc.detail}); give --inputs") from None
     try:
-        cand_out = _run_all(cand_session, candidate, cand_names, samples)
-    except _RunFailed as exc:
+        cand_out = run_all(cand_session, candidate, cand_names, samples)
+    except RunFailed as exc:
         raise CandidateFailed(str(exc)) from None
     result = VerifyResult(
         reference=str(reference), candidate=str(candidate), inputs=inputs_label,
         atol=atol, rtol=rtol, min_sqnr=min_sqnr,
     )
     for name in ref_names:
-        a = _as_array(ref_out[name], name, reference)
-        b = _as_array(cand_out[name], name, candidate)
+        a = as_array(ref_out[name], name, reference)
+        b = as_array(cand_out[name], name, candidate)
         if a.shape != b.shape:
             raise CandidateFailed(
-                f"output {name!r} has shape {_shape_text(a.shape)} in {reference} but {_shape_text(b.shape)} in {candidate}"
+                f"output {name!r} has shape {shape_text(a.shape)} in {reference} but {shape_text(b.shape)} in {candidate}"
             )
         result.outputs.append(compare_arrays(name, a, b, atol, rtol, min_sqnr))
     return result
@@ -418,22 +471,22 @@ def _sessions(reference: Path, candidate: Path):
 
     ref_session, cand_session = sessions(reference, candidate)
     if isinstance(ref_session, Exception):
-        raise QdqError(_cannot_load(reference, ref_session))
+        raise QdqError(cannot_load(reference, ref_session))
     if isinstance(cand_session, Exception):
-        raise CandidateFailed(_cannot_load(candidate, cand_session))
+        raise CandidateFailed(cannot_load(candidate, cand_session))
     return ref_session, cand_session
 
 
-def _cannot_load(path: Path, exc: Exception) -> str:
+def cannot_load(path: Path, exc: Exception) -> str:
     return f"{path}: onnxruntime cannot load the model: {_first_line(exc)}"
 
 
-def _run_all(session, path: Path, names: list[str], samples: list[dict[str, np.ndarray]]) -> dict[str, object]:
+def run_all(session, path: Path, names: list[str], samples: list[dict[str, np.ndarray]]) -> dict[str, object]:
     """Each output by name; over several samples, their tensors concatenated on axis 0."""
     runs = [_run(session, path, feeds) for feeds in samples]
     if len(runs) == 1:
         return dict(zip(names, runs[0]))
-    return {name: np.concatenate([np.atleast_1d(_as_array(run[i], name, path)) for run in runs])
+    return {name: np.concatenate([np.atleast_1d(as_array(run[i], name, path)) for run in runs])
             for i, name in enumerate(names)}
 
 
@@ -445,13 +498,15 @@ def _run(session, path: Path, feeds: dict[str, np.ndarray]) -> list:
     unused = sorted(set(feeds) - set(needed))
     if unused:
         log.info("%s does not read the input(s) %s", path, ", ".join(unused))
+    from qdq.runtime import run
+
     try:
-        return session.run(None, {n: feeds[n] for n in needed})
+        return run(session, None, {n: feeds[n] for n in needed})
     except Exception as exc:
-        raise _RunFailed(path, _first_line(exc)) from None
+        raise RunFailed(path, _first_line(exc)) from None
 
 
-def _as_array(value: object, name: str, path: Path) -> np.ndarray:
+def as_array(value: object, name: str, path: Path) -> np.ndarray:
     if not isinstance(value, np.ndarray):
         raise QdqError(f"{path}: output {name!r} is a {type(value).__name__}, not a tensor; only tensors are compared")
     if value.dtype.kind not in "biuf":
@@ -510,18 +565,18 @@ def _input_shape(value: onnx.ValueInfoProto, given: tuple[int, ...] | None, path
     given = tuple(int(s) for s in given)
     if len(given) != len(dims):
         raise QdqError(
-            f"input {value.name!r}: shape {_shape_text(given)} has rank {len(given)}, the model expects rank {len(dims)}"
+            f"input {value.name!r}: shape {shape_text(given)} has rank {len(given)}, the model expects rank {len(dims)}"
         )
     for axis, (dim, size) in enumerate(zip(dims, given)):
         if dim.HasField("dim_value") and dim.dim_value >= 0 and dim.dim_value != size:
             raise QdqError(
-                f"input {value.name!r}: shape {_shape_text(given)} has {size} on axis {axis}, "
+                f"input {value.name!r}: shape {shape_text(given)} has {size} on axis {axis}, "
                 f"the model fixes it to {dim.dim_value}"
             )
     return given
 
 
-class _Quantizers:
+class Quantizers:
     """The float range each graph input's QuantizeLinear represents, in one model.
 
     Any reader of the input may be that Q, in the ONNX or the com.microsoft domain. Its scale and
@@ -545,9 +600,10 @@ class _Quantizers:
 
     def range_of(self, name: str, shape: tuple[int, ...]) -> tuple[np.ndarray, np.ndarray] | None:
         """(low, high) of the first Q of `name` whose range is known, broadcasting over `shape`; else None."""
-        return next((r for q in self.readers.get(name, []) if (r := self._range(q, name, shape)) is not None), None)
+        return next((r for q in self.readers.get(name, []) if (r := self.range_of_node(q, name, shape)) is not None), None)
 
-    def _range(self, q: onnx.NodeProto, name: str, shape: tuple[int, ...]):
+    def range_of_node(self, q: onnx.NodeProto, name: str, shape: tuple[int, ...]):
+        """(low, high) of the floats this Q represents, broadcasting over `shape`; None if unknown."""
         attrs = {a.name: onnx.helper.get_attribute_value(a) for a in q.attribute}
         if attrs.get("block_size", 0):
             return None
@@ -633,48 +689,71 @@ def _constant_node_value(node: onnx.NodeProto) -> tuple[np.ndarray, int] | None:
 
 
 def render_text(result: VerifyResult) -> str:
-    """A header line, one aligned row per output, a summary line."""
+    """Header lines (what was compared, on what, by which criterion), one aligned row per output, a summary line."""
     tolerance = f"atol {result.atol:g}, rtol {result.rtol:g}"
     if result.min_sqnr is not None:
         tolerance += f", min SQNR {result.min_sqnr:g} dB"
-    lines = [f"reference {result.reference}, candidate {result.candidate}; inputs {result.inputs or 'given'}; {tolerance}"]
-    rows = [("output", "shape", "max abs err", "rel L2", "cosine", "SQNR dB", "result")]
+    if result.criterion:
+        lines = [f"reference {result.reference}, candidate {result.candidate}; {result.twin}; {result.runtime}",
+                 f"inputs: {result.inputs or 'given'}", f"criterion: {result.criterion}"]
+    else:
+        lines = [f"reference {result.reference}, candidate {result.candidate}; inputs {result.inputs or 'given'}; "
+                 f"{tolerance}"]
+    twin = any(o.input_to_twin is not None for o in result.outputs)
+    head = ("input→twin", "candidate→twin", "allowed") if twin else ()
+    rows = [("output", "shape", *head, "max abs err", "rel L2", "cosine", "SQNR dB", "result")]
     for o in result.outputs:
-        if o.identical:
-            status = "identical"
-        elif o.passed:
-            status = "PASS"
-        else:
-            reasons = []
-            if o.mismatched:
-                reasons.append(f"{o.mismatched} of {math.prod(o.shape)} mismatched")
-            if o.nonfinite:
-                reasons.append(f"{o.nonfinite} NaN/inf")
-            if result.min_sqnr is not None and not o.sqnr_db >= result.min_sqnr:
-                reasons.append("SQNR too low")
-            status = f"FAIL ({', '.join(reasons)})" if reasons else "FAIL"
-        rows.append((
-            o.name, _shape_text(o.shape), _num(o.max_abs_error), _num(o.relative_l2),
-            _num(o.cosine, "{:.6f}"), _num(o.sqnr_db, "{:.1f}"), status,
-        ))
+        figures = (_num(o.input_to_twin), _num(o.candidate_to_twin), _num(o.allowed)) if twin else ()
+        rows.append((o.name, shape_text(o.shape), *figures, _num(o.max_abs_error), _num(o.relative_l2),
+                     _num(o.cosine, "{:.6f}"), _num(o.sqnr_db, "{:.1f}"), _status(o, result)))
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
     for row in rows:
         cells = [row[0].ljust(widths[0]), row[1].ljust(widths[1])]
-        cells += [cell.rjust(width) for cell, width in zip(row[2:6], widths[2:6])]
-        cells.append(row[6])
+        cells += [cell.rjust(width) for cell, width in zip(row[2:-1], widths[2:-1])]
+        cells.append(row[-1])
         lines.append("  ".join(cells).rstrip())
     total = len(result.outputs)
     failed = [o.name for o in result.outputs if not o.passed]
-    if result.identical:
+    unknown = [o.name for o in result.outputs if not o.evidence]
+    if result.identical and not unknown:
         lines.append(f"identical: all {total} output(s) are bit-identical")
     elif not failed:
         lines.append(f"PASS: all {total} output(s) within tolerance")
+    elif set(failed) == set(unknown):
+        lines.append(f"INCONCLUSIVE: {', '.join(unknown)} carr{'y' if len(unknown) > 1 else 'ies'} no information on "
+                     "these inputs (the same value everywhere, or NaN); give --inputs with samples the model is meant "
+                     "to see")
     else:
         lines.append(f"FAIL: {len(failed)} of {total} output(s) past tolerance: {', '.join(failed)}")
     return "\n".join(lines) + "\n"
 
 
-def _num(value: float, fmt: str = "{:.3g}") -> str:
+def _status(o: OutputComparison, result: VerifyResult) -> str:
+    if not o.evidence:
+        return "no evidence"
+    if o.identical:
+        return "identical"
+    if o.passed:
+        return "PASS"
+    reasons = []
+    if o.mismatched:
+        reasons.append(f"{o.mismatched} of {math.prod(o.shape)} mismatched")
+    if o.nonfinite:
+        reasons.append(f"{o.nonfinite} NaN/inf")
+    if result.min_sqnr is not None and not o.sqnr_db >= result.min_sqnr:
+        reasons.append("SQNR too low")
+    if o.allowed is not None and not o.candidate_to_twin <= o.allowed:
+        reasons.append("further from the float twin")
+    elif result.criterion.startswith("SQNR against the input"):
+        reasons.append("SQNR too low")
+    elif result.criterion == "bit-identical outputs":
+        reasons.append("not bit-identical")
+    return f"FAIL ({', '.join(dict.fromkeys(reasons))})" if reasons else "FAIL"
+
+
+def _num(value: float | None, fmt: str = "{:.3g}") -> str:
+    if value is None:
+        return "-"
     if math.isnan(value):
         return "nan"
     if math.isinf(value):
@@ -682,7 +761,7 @@ def _num(value: float, fmt: str = "{:.3g}") -> str:
     return fmt.format(value)
 
 
-def _shape_text(shape: tuple[int, ...]) -> str:
+def shape_text(shape: tuple[int, ...]) -> str:
     return "x".join(str(d) for d in shape) if shape else "scalar"
 
 

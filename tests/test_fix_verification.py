@@ -62,10 +62,11 @@ def test_fix_and_verify_feed_the_same_inputs(capsys, tmp_path):
     fixed = json.loads(stdout)
     assert code == 0 and [c["code"] for c in fixed["changes"]] == ["QDQ801"] and fixed["written"], fixed
     assert any(n.op_type == "QuantizeLinear" and n.input[0] == "x" for n in onnx.load(str(out)).graph.node)
-    code, stdout, _ = qdq(capsys, "verify", model, out, "--format", "json", *tolerance)
+    code, stdout, _ = qdq(capsys, "verify", model, out, "--target", "trt", "--format", "json", *tolerance)
     verified = json.loads(stdout)
-    assert verified["inputs"] == fixed["verification"]["inputs"] == "random (seed 3)"
+    assert verified["inputs"] == fixed["verification"]["inputs"] == "random (seed 3, 4 sample(s))"
     assert verified["outputs"] == fixed["verification"]["outputs"]
+    assert verified["criterion"] == fixed["verification"]["criterion"]
     assert 0 < verified["outputs"][0]["max_abs_error"]
 
 
@@ -158,13 +159,13 @@ def test_verification_checks_the_file_that_is_written(capsys, tmp_path, monkeypa
     model = non_pow2_qdq(tmp_path / "m.onnx")
     out = tmp_path / "fixed.onnx"
     compared = []
-    real_compare = fix_command.compare
+    real_compare = fix_command.judge
 
     def spy(reference, candidate, *args, **kwargs):
         compared.append((Path(candidate).parent, out.exists()))
         return real_compare(reference, candidate, *args, **kwargs)
 
-    monkeypatch.setattr(fix_command, "compare", spy)
+    monkeypatch.setattr(fix_command, "judge", spy)
     code, _, _ = qdq(capsys, "fix", model, "--target", "npu", "-o", out)
     assert code == 0 and out.exists()
     assert compared == [(tmp_path, False)]  # in OUT's folder, before OUT existed
@@ -178,7 +179,7 @@ def test_a_fixed_model_onnxruntime_cannot_run_is_a_bug_not_bad_input(capsys, tmp
     def broken(reference, candidate, *args, **kwargs):
         raise CandidateFailed(f"{candidate}: onnxruntime failed to run the model: no kernel")
 
-    monkeypatch.setattr(fix_command, "compare", broken)
+    monkeypatch.setattr(fix_command, "judge", broken)
     model = non_pow2_qdq(tmp_path / "m.onnx")
     out = tmp_path / "fixed.onnx"
     code, _, err = qdq(capsys, "fix", model, "--target", "npu", "-o", out)

@@ -89,8 +89,9 @@ def test_identical_models(capsys, ref, tmp_path):
     code, out, err = verify(capsys, ref, same)
     assert code == 0 and err == ""
     lines = out.splitlines()
-    assert "random (seed 0)" in lines[0] and "atol 0.0001" in lines[0]
-    assert lines[2].split()[0] == "y" and lines[2].endswith("identical")
+    assert "no float twin" in lines[0] and lines[1] == "inputs: random (seed 0, 4 sample(s))"
+    assert lines[2] == "criterion: SQNR against the input >= 10 dB"  # a float pair: no twin, said so
+    assert lines[4].split()[0] == "y" and lines[4].endswith("identical")
     assert lines[-1].startswith("identical")
     result = compare(ref, same, make_inputs(ref))
     assert result.identical and result.passed
@@ -117,19 +118,21 @@ def test_scaled_output_metrics_match_numpy(ref, off):
 
 
 def test_tolerance_exit_codes(capsys, ref, off):
+    """--atol/--rtol are gates a user adds to the verdict (1 % off everywhere is 40 dB: the verdict alone passes)."""
+    assert verify(capsys, ref, off)[0] == 0
     code, out, _ = verify(capsys, ref, off, "--atol", "1e-6", "--rtol", "0")
     assert code == 1
-    assert "FAIL" in out.splitlines()[2] and out.splitlines()[-1].startswith("FAIL: 1 of 1")
+    assert "FAIL" in out.splitlines()[4] and out.splitlines()[-1].startswith("FAIL: 1 of 1")
     code, out, _ = verify(capsys, ref, off, "--atol", "0", "--rtol", "0.02")
     assert code == 0
-    assert out.splitlines()[2].endswith("PASS") and out.splitlines()[-1].startswith("PASS")
+    assert out.splitlines()[4].endswith("PASS") and out.splitlines()[-1].startswith("PASS")
 
 
 def test_min_sqnr(capsys, ref, off):
     # 1 % error everywhere: SQNR = 40 dB.
-    assert verify(capsys, ref, off, "--rtol", "0.02", "--min-sqnr", "39")[0] == 0
-    code, out, _ = verify(capsys, ref, off, "--rtol", "0.02", "--min-sqnr", "41")
-    assert code == 1 and "SQNR too low" in out and "min SQNR 41 dB" in out
+    assert verify(capsys, ref, off, "--min-sqnr", "39")[0] == 0
+    code, out, _ = verify(capsys, ref, off, "--min-sqnr", "41")
+    assert code == 1 and "SQNR too low" in out and "SQNR >= 41 dB" in out
 
 
 def test_nan_in_candidate_fails(capsys, ref, tmp_path):
@@ -140,7 +143,8 @@ def test_nan_in_candidate_fails(capsys, ref, tmp_path):
     assert code == 1 and "NaN/inf" in out
     code, out, _ = verify(capsys, ref, nan, "--atol", "1e9", "--format", "json")
     (o,) = json.loads(out)["outputs"]
-    assert o["nonfinite"] == 1 and o["mismatched"] == 1 and o["max_abs_error"] == "nan" and not o["passed"]
+    # one NaN per sample, four samples
+    assert o["nonfinite"] == 4 and o["mismatched"] == 4 and o["max_abs_error"] == "nan" and not o["passed"]
 
 
 def test_compare_arrays_edge_cases():
@@ -160,14 +164,16 @@ def test_compare_arrays_edge_cases():
 
 def test_json_report_and_output_file(capsys, ref, off, tmp_path):
     report = tmp_path / "report.json"
-    code, out, err = verify(capsys, ref, off, "--format", "json", "-o", report)
+    code, out, err = verify(capsys, ref, off, "--format", "json", "-o", report, "--atol", "1e-6")
     assert code == 1 and out == "" and err == ""
     document = json.loads(report.read_text())
     assert set(document) >= {"reference", "candidate", "inputs", "atol", "rtol", "min_sqnr", "outputs", "passed", "identical"}
-    assert document["passed"] is False and document["inputs"] == "random (seed 0)"
+    assert document["passed"] is False and document["inputs"] == "random (seed 0, 4 sample(s))"
+    assert document["criterion"] == "SQNR against the input >= 10 dB; atol 1e-06, rtol 0"
     (o,) = document["outputs"]
-    assert set(o) >= {"name", "shape", "max_abs_error", "relative_l2", "cosine", "sqnr_db", "mismatched", "identical", "passed"}
-    assert o["shape"] == SHAPE
+    assert set(o) >= {"name", "shape", "max_abs_error", "relative_l2", "cosine", "sqnr_db", "mismatched", "identical",
+                      "passed", "input_to_twin", "candidate_to_twin", "allowed", "evidence"}
+    assert o["shape"] == [4 * SHAPE[0], SHAPE[1]]  # four samples, concatenated
 
 
 def test_render_text_aligns_rows(ref, off):
@@ -393,7 +399,7 @@ def test_make_inputs_types_and_dynamic_shapes(tmp_path):
 def test_input_shape_option(capsys, tmp_path):
     dynamic = scaled(tmp_path / "dyn.onnx", 1.0, shape=["N", 8])
     code, out, _ = verify(capsys, dynamic, dynamic, "--input-shape", "x:3x8", "--format", "json")
-    assert code == 0 and json.loads(out)["outputs"][0]["shape"] == [3, 8]
+    assert code == 0 and json.loads(out)["outputs"][0]["shape"] == [4 * 3, 8]  # four samples of 3x8
 
 
 def test_string_input_needs_an_npz(capsys, tmp_path):
@@ -454,7 +460,7 @@ def test_npz_round_trip(capsys, ref, off, tmp_path):
     npz = tmp_path / "inputs.npz"
     np.savez(npz, x=x)
     assert np.array_equal(load_inputs(npz, ref)["x"], x)
-    code, out, _ = verify(capsys, ref, off, "--inputs", npz, "--rtol", "0.02", "--format", "json")
+    code, out, _ = verify(capsys, ref, off, "--inputs", npz, "--atol", "0", "--rtol", "0.02", "--format", "json")
     document = json.loads(out)
     assert code == 0 and document["inputs"] == str(npz)
     assert document["outputs"][0]["max_abs_error"] == pytest.approx(expected_metrics(x, x * np.float32(1.01))["max_abs_error"])

@@ -4,15 +4,16 @@ from __future__ import annotations
 
 import argparse
 import logging
+import math
 import sys
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
 
 from qdq.errors import QdqError
 from qdq.files import atomic_write_text, check_writable
 from qdq.model import Model, load_model
 from qdq.rule import Severity
-from qdq.verify import check_input_shapes, load_samples, make_inputs
+from qdq.verify import check_input_shapes, load_samples
 from qdq.ruleset import ProjectConfig, RuleSet, builtin_targets, find_project_config, load_rules_file, load_target
 
 log = logging.getLogger("qdq")
@@ -129,25 +130,51 @@ def add_input_args(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def input_feeds(args: argparse.Namespace, reference: Path) -> Callable[[Path], tuple[dict | list[dict], str]]:
-    """The inputs chosen by `add_input_args` to compare a candidate with `reference`: a function of the
-    candidate that gives the feeds and a label for the report.
+@dataclass
+class Inputs:
+    """What a verdict runs on: the user's samples (--inputs), or how to draw random ones."""
 
-    An --inputs file and --input-shape are checked now, so a bad one stops a command before it writes
-    anything. Random values are drawn when the candidate is known: an input is sampled over the range
-    of the reference's quantizer, else the candidate's, so `qdq fix IN -o OUT` and `qdq verify IN OUT`
-    with the same seed feed the same arrays.
+    samples: list[dict] | None
+    label: str
+    seed: int
+    shapes: dict[str, tuple[int, ...]]
+
+
+def input_feeds(args: argparse.Namespace, reference: Path) -> Inputs:
+    """The inputs chosen by `add_input_args` for a verdict on a candidate of `reference`.
+
+    An --inputs file and --input-shape are checked now, so a bad one stops a command before it
+    writes anything. Random values are drawn by the verdict (`qdq.meant_inputs`), from the seed, so
+    `qdq fix IN -o OUT` and `qdq verify IN OUT` with the same seed feed the same arrays.
     """
     if args.inputs is not None:
         if args.input_shape:
             raise UsageError("--input-shape applies to random inputs only; the shapes of --inputs come from the file")
-        given = load_samples(args.inputs, reference), str(args.inputs)
-        return lambda candidate: given
+        return Inputs(load_samples(args.inputs, reference), str(args.inputs), args.seed, {})
     shapes = parse_input_shapes(args.input_shape)
     check_input_shapes(reference, shapes)
-    return lambda candidate: (
-        make_inputs(reference, seed=args.seed, shapes=shapes, range_from=candidate), f"random (seed {args.seed})"
-    )
+    return Inputs(None, "", args.seed, shapes)
+
+
+def add_verdict_args(parser: argparse.ArgumentParser) -> None:
+    """Gates a user adds to the verdict (`qdq.verdict`): the same options and defaults in `fix` and `verify`."""
+    group = parser.add_argument_group("verdict", "a candidate passes when each output is no further from the "
+                                      "input model's float twin than the rule set's [verdict] allows; these add gates")
+    group.add_argument("--atol", type=float, metavar="X", help="also fail an output past |a-b| <= atol + rtol*|a|")
+    group.add_argument("--rtol", type=float, metavar="X", help="relative tolerance, with --atol (default: 0)")
+    group.add_argument("--min-sqnr", type=float, metavar="DB",
+                       help="also fail an output whose SQNR against the input model is below DB")
+
+
+def verdict_gates(args: argparse.Namespace) -> dict:
+    for option, value in (("--atol", args.atol), ("--rtol", args.rtol)):
+        if value is not None and (math.isnan(value) or value < 0):
+            raise UsageError(f"{option} must be a number >= 0, not {value:g}")
+    if args.min_sqnr is not None and math.isnan(args.min_sqnr):
+        raise UsageError("--min-sqnr must be a number of decibels, not nan")
+    if args.rtol is not None and args.atol is None:
+        raise UsageError("--rtol applies with --atol")
+    return {"atol": args.atol, "rtol": args.rtol, "min_sqnr": args.min_sqnr}
 
 
 def parse_input_shapes(specs: list[str]) -> dict[str, tuple[int, ...]]:

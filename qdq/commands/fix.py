@@ -3,17 +3,17 @@
 from __future__ import annotations
 
 import argparse
-import math
 import tempfile
 from pathlib import Path
-from typing import Callable
 
 from qdq import neighbourhood, progress
 from qdq.commands.args import (
+    Inputs,
     UsageError,
     add_input_args,
     add_logging_args,
     add_ruleset_args,
+    add_verdict_args,
     emit,
     input_feeds,
     input_files,
@@ -22,6 +22,7 @@ from qdq.commands.args import (
     project_config,
     resolve_fail_on,
     resolve_ruleset,
+    verdict_gates,
 )
 from qdq.calibrate import tensor_ranges
 from qdq.errors import InvalidOutputError
@@ -36,13 +37,11 @@ from qdq.reports.json import dumps
 from qdq.registry import all_rules
 from qdq.rule import FixSafety
 from qdq.suppression import drop_ignored
-from qdq.verify import CandidateFailed, UnfeedableInput, VerifyResult, compare, load_samples
+from qdq.ruleset import RuleSet
+from qdq.verdict import Criterion, judge
+from qdq.verify import CandidateFailed, UnfeedableInput, VerifyResult, load_samples
 
 EXIT_CLEAN, EXIT_NOT_CLEAN = 0, 1
-# Approximate fixes change numerics; below this SQNR against the input model, fix fails loudly.
-# Low on purpose: random inputs drive every quantizer across its whole range (the test CNN's
-# NPU fix measures 18 dB on them and 38 dB on real data). With --inputs, raise it.
-DEFAULT_MIN_SQNR = 10.0
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
@@ -50,10 +49,11 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
         "fix",
         help="rewrite a model until it is lint-clean for a target",
         description="Apply the rule set's fixes in its order until nothing changes, write the result, report "
-        "every change and compare the outputs with the input model in onnxruntime; a model whose outputs moved "
-        "too far is not written. Exit 0: the output is lint-clean and numerically within tolerance (or its inputs "
-        "cannot be generated, which the report says); 1: findings remain, the fixes did not settle, or the "
-        "numbers moved too far; 2: bad input or usage.",
+        "every change and judge the result as `qdq verify` does: each output no further from the input model's "
+        "float twin (its activation Q/DQ pairs removed) than the input is, within the rule set's [verdict] "
+        "margin; a model that fails is not written. Exit 0: the output is lint-clean and within tolerance (or its "
+        "inputs cannot be generated, which the report says); 1: findings remain, the fixes did not settle, or the "
+        "verdict failed; 2: bad input or usage.",
     )
     parser.add_argument("model", type=Path, help="the ONNX model (never modified unless --in-place)")
     add_ruleset_args(parser)
@@ -80,11 +80,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     add_input_args(parser)
     group = parser.add_argument_group("verification")
     group.add_argument("--verify", action=argparse.BooleanOptionalAction, default=True,
-                       help="compare outputs with the input model in onnxruntime (default: on)")
-    group.add_argument("--atol", type=float, default=math.inf, metavar="X", help="absolute tolerance (default: none)")
-    group.add_argument("--rtol", type=float, default=0.0, metavar="X", help="relative tolerance, with --atol")
-    group.add_argument("--min-sqnr", type=float, default=DEFAULT_MIN_SQNR, metavar="DB",
-                       help=f"fail when an output's SQNR against the input model is below DB (default: {DEFAULT_MIN_SQNR:g})")
+                       help="judge the fixed model against the input's float twin in onnxruntime, as `qdq verify` "
+                       "does (default: on)")
+    add_verdict_args(parser)
     add_logging_args(parser)
     return parser
 
@@ -102,6 +100,7 @@ def run(args: argparse.Namespace) -> int:
     for path in reports:
         check_writable(path, inputs=reads + ([output] if output is not None else []))
     model = load_for_output(args.model, args.output, reads)
+    criterion = Criterion.of(ruleset, **verdict_gates(args))
     # Read (and check) an --inputs file before anything is written: a bad .npz writes nothing.
     feeds, skipped = None, None
     if args.verify:
@@ -121,9 +120,9 @@ def run(args: argparse.Namespace) -> int:
     drop_ignored(fixed.result, config.per_node_ignores)  # as `qdq lint` reports them
     if not fixed.changes:
         skipped = None  # nothing to verify
-    verification, unfeedable, written = _save_verified(model, args, fixed, feeds)
+    verification, unfeedable, written = _save_verified(model, args, fixed, feeds, ruleset, criterion)
     skipped = skipped or unfeedable
-    numbers_ok = verification is None or _acceptable(verification, fixed)
+    numbers_ok = verification is None or verification.passed
 
     clean = fixed.converged and not fixed.result.failing(fail_on)
     passed = clean and numbers_ok
@@ -166,9 +165,6 @@ def _check_options(args: argparse.Namespace) -> None:
         )
     if args.max_rounds < 1:
         raise UsageError(f"--max-rounds must be at least 1, not {args.max_rounds}")
-    for option, value in (("--atol", args.atol), ("--rtol", args.rtol), ("--min-sqnr", args.min_sqnr)):
-        if math.isnan(value) or (option != "--min-sqnr" and value < 0):
-            raise UsageError(f"{option} must be a number >= 0, not {value:g}")
 
 
 class _Rejected(Exception):
@@ -176,26 +172,27 @@ class _Rejected(Exception):
 
 
 def _save_verified(
-    model: Model, args: argparse.Namespace, fixed: FixResult, feeds: Callable[[Path], tuple[dict, str]] | None
+    model: Model, args: argparse.Namespace, fixed: FixResult, inputs: Inputs | None, ruleset: RuleSet,
+    criterion: Criterion,
 ) -> tuple[VerifyResult | None, str | None, bool]:
-    """Write the fixed model where it goes, verified on the very file written: (verification, why skipped, written).
+    """Write the fixed model where it goes, judged on the very file written: (verification, why skipped, written).
 
-    Verification runs on the complete temporary file before it is renamed into place, so its
-    onnxruntime session doubles as the check that onnxruntime loads what qdq writes, and a
-    model whose outputs moved too far is never moved into place (unless --keep-failed; never
-    over the input with --in-place). A dry run verifies a copy in a temporary folder.
+    The verdict (`qdq.verdict`, the one `qdq verify` gives) runs on the complete temporary file
+    before it is renamed into place, so its onnxruntime session doubles as the check that
+    onnxruntime loads what qdq writes, and a model that fails is never moved into place (unless
+    --keep-failed; never over the input with --in-place). A dry run verifies a copy in a temporary folder.
     """
     target = args.model if args.in_place else args.output
     found: dict = {"verification": None, "skipped": None}
+    exact = all(all_rules()[c.code].fix_safety == FixSafety.EXACT for c in fixed.changes)
 
     def verify(candidate: Path) -> bool:
-        if feeds is None or not fixed.changes:
+        if inputs is None or not fixed.changes:
             return False
         try:
-            values, label = feeds(candidate)
-            progress.step("comparing outputs with the input model in onnxruntime")
-            result = compare(args.model, candidate, values, atol=args.atol, rtol=args.rtol,
-                             min_sqnr=args.min_sqnr, inputs_label=label)
+            progress.step("judging the fixed model against the input's float twin in onnxruntime")
+            result = judge(args.model, candidate, ruleset, criterion, inputs.samples, inputs.label, inputs.seed,
+                           inputs.shapes, exact=exact)
         except UnfeedableInput as exc:
             found["skipped"] = exc.reason
             return False
@@ -206,7 +203,7 @@ def _save_verified(
         if target is not None:
             result.candidate = str(target)  # the file this comparison stands for
         found["verification"] = result
-        if not _acceptable(result, fixed) and not args.keep_failed:
+        if not result.passed and not args.keep_failed:
             raise _Rejected
         return True
 
@@ -215,20 +212,12 @@ def _save_verified(
         if args.output is not None or (args.in_place and fixed.changes):
             save_model(model, target, in_place=args.in_place, check=verify)
             written = True
-        elif feeds is not None and fixed.changes:
+        elif inputs is not None and fixed.changes:
             with tempfile.TemporaryDirectory(prefix="qdq-fix-") as folder:
                 save_model(model, Path(folder) / args.model.name, check=verify)
     except _Rejected:
         pass
     return found["verification"], found["skipped"], written
-
-
-def _acceptable(verification: VerifyResult, fixed: FixResult) -> bool:
-    """Exact fixes must give bit-identical outputs; approximate ones must stay within tolerance."""
-    rules = all_rules()
-    if all(rules[c.code].fix_safety == FixSafety.EXACT for c in fixed.changes):
-        return verification.identical
-    return verification.passed
 
 
 def _verdict(

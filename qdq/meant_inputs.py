@@ -1,0 +1,110 @@
+"""Random inputs a model is meant to see: inputs its own quantizers' ranges cover.
+
+Uniform noise over a graph input's quantizer range is not what a trained network sees: white
+noise at full scale drives its activations far past the ranges calibration gave its quantizers,
+so every clip point is hit and a fix that moves one looks catastrophic (a ResNet fixed for the NPU
+read 9.6 dB on such inputs, and kept its top-1 on real data). The model says what it expects:
+each activation QuantizeLinear's range is where calibration found the data. So the inputs are
+smooth for image-like tensors (as pictures are) and drawn at the largest amplitude, halving from
+the full input range, at which the activation quantizers of the float twin saturate on at most
+`max_saturation` of their values on average. Without a twin, the input range is used whole.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import numpy as np
+import onnx
+
+from qdq import progress
+from qdq.errors import QdqError
+from qdq.twin import Twin
+from qdq.verify import Quantizers, make_inputs
+
+log = logging.getLogger("qdq")
+
+_AMPLITUDES = (1.0, 0.5, 0.25, 0.125, 0.0625)
+# Quantized tensors watched for saturation: enough to see the network, few enough to keep memory small.
+_MAX_WATCHED = 256
+
+
+def meant_inputs(reference: Path, candidate: Path, twin: Twin, twin_source, criterion, seed: int,
+                 shapes: dict | None) -> tuple[list[dict[str, np.ndarray]], str, dict[str, np.ndarray] | None]:
+    """`criterion.samples` feeds, their label for the report, and the twin's outputs on them when it ran
+    them (the session that chose the amplitude computes them too: one twin session, not two)."""
+    def draw(amplitude: float, first: int, count: int) -> list[dict[str, np.ndarray]]:
+        return [make_inputs(reference, seed=first + i, shapes=shapes, range_from=candidate, amplitude=amplitude,
+                            smooth=twin_source is not None) for i in range(count)]
+
+    count = criterion.samples
+    if twin_source is None or not twin.watched:
+        return draw(1.0, seed, count), f"random (seed {seed}, {count} sample(s))", None
+    watched = twin.watched
+    probe = _probe_session(twin_source)
+    ranges = Quantizers(twin.model.graph, reference.parent)
+    chosen = _AMPLITUDES[-1]
+    for amplitude in _AMPLITUDES:
+        progress.step(f"choosing random inputs: amplitude {amplitude:g}")
+        saturation = _saturation(probe, ranges, watched, draw(amplitude, seed, 1)[0])
+        log.debug("random inputs at amplitude %g: %.2f%% of quantized values saturate", amplitude, 100 * saturation)
+        if saturation <= criterion.max_saturation:
+            chosen = amplitude
+            break
+    share = "the whole input range" if chosen == 1.0 else f"{chosen:g} of the input range"
+    label = f"random (seed {seed}, {count} sample(s), smooth, over {share}: the model's quantizers saturate rarely)"
+    samples = draw(chosen, seed, count)
+    names = twin.outputs
+    runs = [dict(zip(names, _run(probe, names, feeds))) for feeds in samples]
+    outputs = {name: runs[0][name] if len(runs) == 1 else np.concatenate([np.atleast_1d(r[name]) for r in runs])
+               for name in names}
+    return samples, label, outputs
+
+
+def watch(twin: Twin) -> None:
+    """Add the tensors the twin's activation quantizers read (at most `_MAX_WATCHED`) to its outputs."""
+    twin.watched = twin.quantized[:: max(1, len(twin.quantized) // _MAX_WATCHED)]
+    declared = {o.name for o in twin.model.graph.output}
+    for name, _ in twin.watched:
+        if name not in declared:
+            twin.model.graph.output.append(onnx.ValueInfoProto(name=name))
+            declared.add(name)
+
+
+def _probe_session(source):
+    """The twin's session (bytes or file), watched tensors among its outputs."""
+    from qdq.runtime import session
+
+    try:
+        return session(source)
+    except Exception as exc:
+        raise QdqError(f"onnxruntime cannot load the float twin: {str(exc).splitlines()[0][:200]}; "
+                       "this is a bug in qdq") from None
+
+
+def _run(probe, names: list[str], feeds: dict[str, np.ndarray]) -> list:
+    from qdq.runtime import run
+
+    needed = {i.name for i in probe.get_inputs()}
+    try:
+        return run(probe, names, {k: v for k, v in feeds.items() if k in needed})
+    except Exception as exc:
+        raise QdqError(f"onnxruntime cannot run the float twin: {str(exc).splitlines()[0][:200]}; give --inputs") \
+            from None
+
+
+def _saturation(probe, ranges: Quantizers, watched: list[tuple[str, onnx.NodeProto]],
+                feeds: dict[str, np.ndarray]) -> float:
+    """The mean, over the watched quantizers, of the share of their input values past their range."""
+    names = [name for name, _ in watched]
+    values = dict(zip(names, _run(probe, names, feeds)))
+    shares = []
+    for name, q in watched:
+        value = values[name]
+        bounds = ranges.range_of_node(q, name, value.shape)
+        if bounds is None or value.size == 0 or value.dtype.kind != "f":
+            continue
+        low, high = bounds
+        shares.append(float(np.mean((value < low) | (value > high))))
+    return float(np.mean(shares)) if shares else 0.0

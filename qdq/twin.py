@@ -1,0 +1,144 @@
+"""The float twin of a Q/DQ model: the float computation its quantization approximates.
+
+Every Q/DQ model carries its own float reference. Remove each activation's QuantizeLinear →
+DequantizeLinear pair (and an integer Clip between them) and keep the weights' and biases' DQs:
+what is left computes in float with the weights at their dequantized values. The quantization
+error the user already accepted is the model's distance from its twin; a fix is judged by how
+far it moves the model from that twin (`qdq.verdict`), not by how far it moves it from itself.
+
+The twin is built on the ONNX protobuf, external weights left where they are. It cannot be built
+for a model without activation Q/DQ pairs, or with quantization in ops whose float form qdq does
+not know (QDQ006's quantizers and integer kernels); `Twin.reason` says why.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import onnx
+from onnx import TensorProto, helper
+
+from qdq.checks.coverage import describe, unread_ops
+from qdq.ops import DEQUANTIZE, QDQ_DOMAINS, QUANTIZE
+
+
+@dataclass
+class Twin:
+    """The twin model (None when it cannot be built, with the reason) and what it took."""
+
+    model: onnx.ModelProto | None
+    pairs: int  # activation Q → DQ pairs replaced by their float input
+    reason: str | None = None
+    # Activation tensors that a QuantizeLinear reads, with that Q: what the quantizers' ranges cover.
+    quantized: list[tuple[str, onnx.NodeProto]] = field(default_factory=list)
+    outputs: list[str] = field(default_factory=list)  # the model's own outputs, before any watched one
+    # Those of them the twin also outputs, to see how often random inputs saturate them (`qdq.meant_inputs`).
+    watched: list[tuple[str, onnx.NodeProto]] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class _OpView:
+    """What QDQ006's lists match a node by."""
+
+    op: str
+    domain: str
+
+
+def float_twin(model: onnx.ModelProto, coverage: dict[str, Any]) -> Twin:
+    """The twin of `model` (not modified); `coverage` is QDQ006's parameters (the ops qdq does not read)."""
+    graph = model.graph
+    quantizers, integers = unread_ops([_OpView(n.op_type, n.domain) for n in graph.node], coverage)
+    if quantizers or integers:
+        return Twin(None, 0, f"it quantizes in ops whose float form qdq does not know ({describe({**quantizers, **integers})})")
+    constant = _constant_names(graph)
+    producers = {name: node for node in graph.node for name in node.output if name}
+    types = _constant_types(graph)
+    quantized = [(node.input[0], node) for node in graph.node
+                 if _is(node, QUANTIZE) and node.input[0] not in constant]
+    replaced: dict[int, onnx.NodeProto] = {}
+    for position, node in enumerate(graph.node):
+        if not _is(node, DEQUANTIZE) or len(node.input) < 2:
+            continue
+        source = producers.get(node.input[0])
+        if source is not None and source.op_type == "Clip" and source.domain in ("", "ai.onnx"):
+            source = producers.get(source.input[0])  # Q → integer Clip → DQ (reduced range, Brevitas QCDQ)
+        if source is None or not _is(source, QUANTIZE) or source.input[0] in constant:
+            continue
+        to = _output_type(node, types)
+        if to is None:
+            continue  # a scale computed at run time: the DQ's float type is unknown, keep the pair
+        replaced[position] = helper.make_node("Cast", [source.input[0]], [node.output[0]],
+                                              name=f"{node.name or node.output[0]}_twin", to=to)
+    if not replaced:
+        return Twin(None, 0, "it has no activation QuantizeLinear → DequantizeLinear pair", quantized)
+    twin = onnx.ModelProto()
+    twin.CopyFrom(model)
+    del twin.graph.node[:]
+    twin.graph.node.extend(replaced.get(i, node) for i, node in enumerate(graph.node))
+    _drop_dead_nodes(twin.graph)
+    return Twin(twin, len(replaced), None, quantized, [o.name for o in graph.output])
+
+
+def _is(node: onnx.NodeProto, op: str) -> bool:
+    return node.op_type == op and node.domain in QDQ_DOMAINS
+
+
+def _constant_names(graph: onnx.GraphProto) -> set[str]:
+    """Tensors only constants make: initializers, Constant nodes, and nodes all of whose inputs are such."""
+    known = {t.name for t in graph.initializer}
+    for node in graph.node:  # the graph is in topological order
+        inputs = [name for name in node.input if name]
+        if node.op_type == "Constant" or (inputs and all(name in known for name in inputs)):
+            known.update(name for name in node.output if name)
+    return known
+
+
+def _constant_types(graph: onnx.GraphProto) -> dict[str, int]:
+    """The element type of each constant tensor, through Identity and Cast."""
+    types = {t.name: t.data_type for t in graph.initializer}
+    for node in graph.node:
+        if node.op_type == "Constant":
+            for attr in node.attribute:
+                if attr.name == "value":
+                    types[node.output[0]] = attr.t.data_type
+                elif attr.name in ("value_float", "value_floats"):
+                    types[node.output[0]] = TensorProto.FLOAT
+        elif node.op_type == "Identity" and node.input and node.input[0] in types:
+            types[node.output[0]] = types[node.input[0]]
+        elif node.op_type == "Cast" and node.input and node.input[0] in types:
+            types[node.output[0]] = next(a.i for a in node.attribute if a.name == "to")
+    return types
+
+
+def _output_type(dq: onnx.NodeProto, types: dict[str, int]) -> int | None:
+    """The float type a DequantizeLinear writes: its `output_dtype` (opset 23), else its scale's type."""
+    declared = next((a.i for a in dq.attribute if a.name == "output_dtype"), 0)
+    return declared or types.get(dq.input[1])
+
+
+def _drop_dead_nodes(graph: onnx.GraphProto) -> None:
+    """Remove the nodes nothing reads any more (the bypassed Qs and Clips), so the twin computes no integers."""
+    while True:
+        read = {name for node in graph.node for name in node.input} | {o.name for o in graph.output}
+        read |= {name for node in graph.node for attr in node.attribute for sub in _subgraphs(attr)
+                 for name in _outer_names(sub)}
+        keep = [node for node in graph.node if any(name in read for name in node.output if name)]
+        if len(keep) == len(graph.node):
+            return
+        del graph.node[:]
+        graph.node.extend(keep)
+
+
+def _subgraphs(attr: onnx.AttributeProto) -> list[onnx.GraphProto]:
+    return [attr.g] if attr.type == onnx.AttributeProto.GRAPH else list(attr.graphs)
+
+
+def _outer_names(graph: onnx.GraphProto) -> set[str]:
+    """Names a subgraph reads (some from the graph around it)."""
+    names = {name for node in graph.node for name in node.input}
+    for node in graph.node:
+        for attr in node.attribute:
+            for sub in _subgraphs(attr):
+                names |= _outer_names(sub)
+    return names

@@ -1,0 +1,275 @@
+"""The one place that decides whether a changed model is acceptable: `qdq fix` and `qdq verify` both ask it.
+
+A quantized model already differs from the float computation it approximates; the user accepted
+that difference. So a change is judged against the input model's float twin (`qdq.twin`): per
+output, on the same inputs,
+
+    PASS when  d(candidate, twin) <= d(input, twin) * (1 + margin) + epsilon
+
+with d the relative L2 distance. A fix that brings the model closer to its float computation
+passes even when it moves the outputs a lot (a clip point moved to where the data is); a fix
+that doubles the quantization error fails even when the outputs moved little. `margin` and
+`epsilon` are the rule set's `[verdict]` parameters. Where no twin can be built (no activation
+Q/DQ pair, quantization in ops qdq does not read), the candidate is compared with the input
+directly and must keep `fallback_min_sqnr` dB; the report says so. A change that claims to be
+exact must give bit-identical outputs, in onnxruntime with optimisations off.
+
+The inputs are the user's samples (`--inputs`), or random inputs the model is meant to see
+(`qdq.meant_inputs`). A reference whose outputs carry no information on them (constant, all zero,
+NaN) is no evidence: other inputs are tried, and an output still without evidence never passes.
+The runtime is what the rule set's `runtime` says stands in for the target: onnxruntime with its
+default optimisations for `ort` (the fused integer kernels users run), the file's own semantics
+(optimisations off) for the others.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import onnx
+
+from qdq import progress
+from qdq.errors import QdqError, RuleSetError
+from qdq.meant_inputs import meant_inputs, watch
+from qdq.ruleset import RuleSet
+from qdq.twin import Twin, float_twin
+from qdq.verify import (
+    CandidateFailed, OutputComparison, UnfeedableInput, VerifyResult, as_array, cannot_load, compare_arrays, run_all,
+    RunFailed, shape_text,
+)
+
+log = logging.getLogger("qdq")
+
+# Past this many bytes of weights, sessions are built and run one at a time, each freed before the
+# next: three sessions of a model with gigabytes of weights do not fit beside each other.
+_ONE_AT_A_TIME_BYTES = 512 << 20
+
+
+@dataclass(frozen=True)
+class Criterion:
+    """How a candidate is judged: the rule set's `[verdict]`, and the gates a user adds."""
+
+    margin: float = 0.25
+    epsilon: float = 1e-3
+    fallback_min_sqnr: float = 10.0
+    samples: int = 4
+    max_saturation: float = 0.01
+    runtime: str = "exact"  # "exact": optimisations off; "optimized": onnxruntime's defaults
+    # Gates a user adds on the direct comparison of input and candidate (`--atol`, `--rtol`, `--min-sqnr`).
+    atol: float = math.inf
+    rtol: float = 0.0
+    min_sqnr: float | None = None
+
+    @classmethod
+    def of(cls, ruleset: RuleSet, **gates) -> Criterion:
+        settings = dict(ruleset.verdict)
+        unknown = set(settings) - {"margin", "epsilon", "fallback_min_sqnr", "samples", "max_saturation", "runtime"}
+        if unknown:
+            raise RuleSetError(f"[verdict] has unknown key(s) {', '.join(sorted(unknown))}")
+        for key in ("margin", "epsilon", "fallback_min_sqnr", "max_saturation"):
+            if key in settings and (not isinstance(settings[key], (int, float)) or isinstance(settings[key], bool)
+                                    or settings[key] < 0):
+                raise RuleSetError(f"[verdict] {key} must be a number >= 0, got {settings[key]!r}")
+        if "samples" in settings and (not isinstance(settings["samples"], int) or settings["samples"] < 1):
+            raise RuleSetError(f"[verdict] samples must be a whole number >= 1, got {settings['samples']!r}")
+        if settings.get("runtime", "exact") not in ("exact", "optimized"):
+            raise RuleSetError(f"[verdict] runtime must be \"exact\" or \"optimized\", got {settings['runtime']!r}")
+        return cls(**settings, **{k: v for k, v in gates.items() if v is not None})
+
+    def describe(self, twin: bool) -> str:
+        if twin:
+            text = f"distance from the float twin at most the input's × {1 + self.margin:g} + {self.epsilon:g}"
+        else:
+            text = f"SQNR against the input >= {self.fallback_min_sqnr:g} dB"
+        gates = [f"atol {self.atol:g}, rtol {self.rtol:g}"] if math.isfinite(self.atol) else []
+        gates += [f"SQNR >= {self.min_sqnr:g} dB"] if self.min_sqnr is not None else []
+        return text + "".join(f"; {g}" for g in gates)
+
+
+def judge(
+    reference: Path,
+    candidate: Path,
+    ruleset: RuleSet,
+    criterion: Criterion,
+    samples: list[dict[str, np.ndarray]] | None = None,
+    inputs_label: str = "",
+    seed: int = 0,
+    shapes: dict[str, tuple[int, ...]] | None = None,
+    exact: bool = False,
+) -> VerifyResult:
+    """Run the reference (the input model), its float twin and the candidate, and decide per output.
+
+    `samples` are the user's feeds; without them random inputs the model is meant to see are drawn
+    (`seed`, `shapes` for dynamic dimensions). `exact`: the change claims to keep every output bit for bit.
+    """
+    reference, candidate = Path(reference), Path(candidate)
+    proto = onnx.load(str(reference), load_external_data=False)
+    twin = float_twin(proto, ruleset.rules["QDQ006"].params if "QDQ006" in ruleset.rules else {}) \
+        if not exact else Twin(None, 0, "the change claims to be exact")
+    optimized = criterion.runtime == "optimized" and not exact
+    if twin.model is not None and samples is None:
+        watch(twin)  # the twin also outputs what its quantizers read: random inputs are chosen on it
+    twin_source = _twin_source(twin, reference) if twin.model is not None else None
+    attempts = [samples] if samples is not None else [None, "full range"]
+    for attempt in attempts:
+        twin_out = None
+        if attempt is None:
+            samples, inputs_label, twin_out = meant_inputs(reference, candidate, twin, twin_source, criterion,
+                                                           seed, shapes)
+        elif attempt == "full range":  # the meant inputs told nothing: white noise over the input range
+            log.info("the reference's outputs carry no information on %s; trying the input range whole",
+                     inputs_label)
+            samples, inputs_label, twin_out = meant_inputs(reference, candidate, Twin(None, 0), None, criterion,
+                                                           seed + 1, shapes)
+        ref_out, cand_out, ran_twin = _run_models(reference, candidate, twin_source if twin_out is None else None,
+                                                  samples, optimized, inputs_label)
+        twin_out = twin_out if twin_out is not None else ran_twin
+        basis = twin_out if twin_out is not None else ref_out
+        if all(informative(values) for values in basis.values()):
+            break
+    result = VerifyResult(
+        reference=str(reference), candidate=str(candidate), inputs=inputs_label, atol=criterion.atol,
+        rtol=criterion.rtol, min_sqnr=criterion.min_sqnr,
+        twin=f"float twin ({twin.pairs} activation Q/DQ pair(s) removed)" if twin_out is not None
+        else f"no float twin: {twin.reason}",
+        criterion="bit-identical outputs" if exact else criterion.describe(twin_out is not None),
+        runtime="onnxruntime, default optimisations" if optimized else "onnxruntime, optimisations off",
+    )
+    for name, a in ref_out.items():
+        b = cand_out[name]
+        if a.shape != b.shape:
+            raise CandidateFailed(f"output {name!r} has shape {shape_text(a.shape)} in {reference} but "
+                                  f"{shape_text(b.shape)} in {candidate}")
+        row = compare_arrays(name, a, b, criterion.atol, criterion.rtol, criterion.min_sqnr)
+        basis = twin_out[name] if twin_out is not None else a
+        row.evidence = informative(basis)
+        if exact:
+            row.passed = row.identical and row.evidence
+        elif twin_out is not None:
+            row.input_to_twin = _distance(a, basis)
+            row.candidate_to_twin = _distance(b, basis)
+            row.allowed = row.input_to_twin * (1 + criterion.margin) + criterion.epsilon
+            row.passed = row.passed and row.evidence and row.candidate_to_twin <= row.allowed
+        else:
+            row.passed = row.passed and row.evidence and row.sqnr_db >= criterion.fallback_min_sqnr
+        result.outputs.append(row)
+    return result
+
+
+def informative(values: np.ndarray) -> bool:
+    """Whether an output tells anything: finite, and not one value everywhere (all zero, saturated)."""
+    if values.size == 0 or values.dtype.kind not in "biuf":
+        return False
+    flat = values.astype(np.float64, copy=False).ravel()
+    return bool(np.all(np.isfinite(flat))) and bool(np.ptp(flat) > 0)
+
+
+def _distance(values: np.ndarray, basis: np.ndarray) -> float:
+    """Relative L2 distance of `values` from `basis` (0 when equal; inf from an all-zero basis)."""
+    a, b = basis.astype(np.float64).ravel(), values.astype(np.float64).ravel()
+    norm, diff = float(np.linalg.norm(a)), float(np.linalg.norm(b - a))
+    if diff == 0.0:
+        return 0.0
+    return diff / norm if norm > 0 else math.inf
+
+
+def _twin_source(twin: Twin, reference: Path):
+    """What onnxruntime loads the twin from: its bytes, reading external data from the input's folder."""
+    from qdq.runtime import InMemory
+
+    data = twin.model.SerializeToString()
+    return InMemory(data, reference.parent.resolve()) if any(True for _ in _external_tensors(twin.model.graph)) else data
+
+
+def _external_tensors(graph: onnx.GraphProto):
+    for tensor in graph.initializer:
+        if tensor.data_location == onnx.TensorProto.EXTERNAL:
+            yield tensor
+    for node in graph.node:
+        for attr in node.attribute:
+            if attr.type == onnx.AttributeProto.TENSOR and attr.t.data_location == onnx.TensorProto.EXTERNAL:
+                yield attr.t
+            for sub in ([attr.g] if attr.type == onnx.AttributeProto.GRAPH else list(attr.graphs)):
+                yield from _external_tensors(sub)
+
+
+def _run_models(reference: Path, candidate: Path, twin: bytes | Path | None, samples: list[dict],
+                optimized: bool, label: str) -> tuple[dict, dict, dict | None]:
+    """Each model's outputs by name over all samples: the input's, the candidate's, the twin's.
+
+    The input's and the candidate's sessions are built side by side; a model with more weights than
+    `_ONE_AT_A_TIME_BYTES` builds, runs and frees one session at a time, so memory holds one.
+    The input's refusal is reported first: the input is at fault then, not qdq.
+    """
+    from qdq.runtime import sessions
+
+    jobs = [(reference, optimized), (candidate, optimized)] + ([(twin, False)] if twin is not None else [])
+    one_at_a_time = _weight_bytes(reference) > _ONE_AT_A_TIME_BYTES
+    outputs: list[dict | None] = []
+    built = [] if one_at_a_time else _built(jobs, sessions)
+    for number, (model, level) in enumerate(jobs):
+        session = _built([(model, level)], sessions)[0] if one_at_a_time else built[number]
+        outputs.append(_outputs(session, model, number, reference, candidate, samples, label))
+        del session
+        if not one_at_a_time:
+            built[number] = None
+    ref_out, cand_out = outputs[0], outputs[1]
+    if set(ref_out) != set(cand_out):
+        only_ref = [n for n in ref_out if n not in cand_out]
+        only_cand = [n for n in cand_out if n not in ref_out]
+        parts = ([f"only in {reference}: {', '.join(only_ref)}"] if only_ref else []) + \
+                ([f"only in {candidate}: {', '.join(only_cand)}"] if only_cand else [])
+        raise CandidateFailed(f"the models have different outputs ({'; '.join(parts)})")
+    twin_out = {name: outputs[2][name] for name in ref_out} if twin is not None else None
+    return ref_out, cand_out, twin_out
+
+
+def _built(jobs, sessions) -> list:
+    """Sessions for (model, optimized) jobs, grouped by level so each group builds side by side."""
+    result: list = [None] * len(jobs)
+    for level in (True, False):
+        group = [i for i, (_, lvl) in enumerate(jobs) if lvl == level]
+        if group:
+            progress.step(f"building {len(group)} onnxruntime session(s)")
+            for i, made in zip(group, sessions(*(jobs[i][0] for i in group), optimized=level)):
+                result[i] = made
+    return result
+
+
+def _outputs(session, model, number: int, reference: Path, candidate: Path, samples: list[dict],
+             label: str) -> dict[str, np.ndarray]:
+    """One model's outputs; a failure is blamed on the input (exit 2), qdq (a bug) or the twin (fallback)."""
+    path = [reference, candidate, reference][number]
+    if isinstance(session, Exception):
+        if number == 0:
+            raise QdqError(cannot_load(reference, session))
+        if number == 1:
+            raise CandidateFailed(cannot_load(candidate, session))
+        raise QdqError(f"{reference}: onnxruntime cannot load its float twin ({session}); this is a bug in qdq")
+    names = [o.name for o in session.get_outputs()]
+    progress.step(f"running {['the input model', 'the fixed model', 'the float twin'][number]} on {len(samples)} "
+                  "sample(s)")
+    try:
+        runs = run_all(session, path, names, samples)
+    except RunFailed as exc:
+        if number == 0:
+            where = f" on {label}" if label else ""
+            raise UnfeedableInput(reference, f"onnxruntime cannot run the model{where} ({exc.detail}); give --inputs") \
+                from None
+        raise CandidateFailed(str(exc)) from None
+    return {name: as_array(value, name, path) for name, value in runs.items()}
+
+
+def _weight_bytes(path: Path) -> int:
+    """The bytes of the model file and its external data: what each session holds."""
+    size = path.stat().st_size
+    proto = onnx.load(str(path), load_external_data=False)
+    for tensor in _external_tensors(proto.graph):
+        for entry in tensor.external_data:
+            if entry.key == "length":
+                size += int(entry.value)
+    return size

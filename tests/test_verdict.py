@@ -1,0 +1,159 @@
+"""The verdict: a change judged against the input model's float twin, one criterion in fix and verify.
+
+Each model here is built so that the two old gates got it wrong: a fix that moves the outputs a
+lot but brings them closer to the float computation (a clip point moved to where the data is),
+and one that keeps 20 dB against the input while tripling the quantization error.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+from builders import GraphBuilder
+from cli_run import qdq
+from onnx import TensorProto, helper, numpy_helper
+
+from qdq.ruleset import load_target
+from qdq.twin import float_twin
+
+RNG = np.random.default_rng(0)
+W = (RNG.standard_normal((8, 4, 3, 3)) * 0.2).astype(np.float32)
+COVERAGE = load_target("common").rules["QDQ006"].params
+
+
+def conv_net(path: Path, x_scale: float, y_scale: float, clip: bool = False) -> Path:
+    """x → Q/DQ(x_scale) → Conv(int8 weight) → Relu → Q/DQ(y_scale) → y (uint8 output grid)."""
+    b = GraphBuilder(opset=13)
+    x = b.input("x", [1, 4, 16, 16])
+    params = b.qparams("x", x_scale, 0, np.int8)
+    xq = b.node("QuantizeLinear", [x, *params], name="xq")
+    if clip:  # PyTorch's reduced range: an integer Clip between Q and DQ
+        xq = b.node("Clip", [xq, b.init("lo", np.int8(-64)), b.init("hi", np.int8(63))], name="clip")
+    xd = b.node("DequantizeLinear", [xq, *params], name="xdq")
+    conv = b.node("Conv", [xd, b.weight("w", W, 0.01)], name="conv", pads=[1, 1, 1, 1])
+    relu = b.node("Relu", [conv], name="relu")
+    b.node("Identity", [b.qdq(relu, y_scale, 0, np.uint8, name="y")], ["y"], name="out")
+    b.output("y", [1, 8, 16, 16])
+    return b.save(path)
+
+
+def run(path_or_model, feeds):
+    source = path_or_model.SerializeToString() if isinstance(path_or_model, onnx.ModelProto) else str(path_or_model)
+    options = ort.SessionOptions()
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    return ort.InferenceSession(source, options, providers=["CPUExecutionProvider"]).run(None, feeds)[0]
+
+
+# --- the twin ----------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("clip", [False, True])
+def test_the_twin_computes_in_float_with_the_dequantized_weights(tmp_path, clip):
+    model = onnx.load(str(conv_net(tmp_path / "m.onnx", 0.02, 0.05, clip=clip)))
+    twin = float_twin(model, COVERAGE)
+    assert twin.reason is None and twin.pairs == 2
+    ops = [n.op_type for n in twin.model.graph.node]
+    assert ops.count("QuantizeLinear") == 0 and ops.count("DequantizeLinear") == 1 and "Clip" not in ops
+    x = RNG.uniform(-3, 3, (1, 4, 16, 16)).astype(np.float32)
+    w = np.clip(np.round(W / np.float32(0.01)), -127, 127).astype(np.float32) * np.float32(0.01)
+    reference = helper.make_model(helper.make_graph(
+        [helper.make_node("Conv", ["x", "w"], ["c"], pads=[1, 1, 1, 1]), helper.make_node("Relu", ["c"], ["y"])],
+        "float", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4, 16, 16])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], [numpy_helper.from_array(w, "w")]),
+        opset_imports=[helper.make_opsetid("", 13)], ir_version=8)
+    np.testing.assert_allclose(run(twin.model, {"x": x}), run(reference, {"x": x}), rtol=1e-5, atol=1e-5)
+
+
+def test_no_twin_without_activation_pairs_or_with_integer_kernels(tmp_path):
+    b = GraphBuilder(opset=13)
+    conv = b.node("Conv", [b.input("x", [1, 4, 8, 8]), b.weight("w", W, 0.01)], ["y"], name="conv")
+    b.output("y", [1, 8, 6, 6])
+    assert "no activation" in float_twin(b.model(), COVERAGE).reason
+    proto = onnx.load(str(Path(__file__).parent / "corpus" / "ort" / "resnet_qoperator.onnx"))
+    assert "QLinearConv" in float_twin(proto, COVERAGE).reason
+
+
+# --- the verdict ------------------------------------------------------------------------------------
+
+
+def test_a_fix_closer_to_the_float_computation_passes_though_it_moves_the_outputs(tmp_path):
+    """On these samples the input's output grid clips most of what the Conv writes (scale far too
+    fine); the candidate's does not. Against the input the outputs moved a lot (SQNR under 10 dB),
+    but the candidate is much closer to the float twin: the fix is kept."""
+    clipped = conv_net(tmp_path / "clipped.onnx", 0.02, 0.002)
+    roomy = conv_net(tmp_path / "roomy.onnx", 0.02, 0.05)
+    np.savez(tmp_path / "x.npz", x=RNG.uniform(-2.5, 2.5, (4, 4, 16, 16)).astype(np.float32))
+    run_ = qdq("verify", clipped, roomy, "--target", "npu", "--inputs", tmp_path / "x.npz", "--format", "json")
+    document = run_.json()
+    (o,) = document["outputs"]
+    assert run_.code == 0 and o["passed"], document
+    assert o["sqnr_db"] < 10 and o["candidate_to_twin"] < o["input_to_twin"] / 2
+    assert document["twin"].startswith("float twin (2 activation")
+
+
+def test_a_fix_that_triples_the_quantization_error_fails_though_it_keeps_20_db(tmp_path):
+    fine = conv_net(tmp_path / "fine.onnx", 0.01, 0.02)
+    coarse = conv_net(tmp_path / "coarse.onnx", 0.08, 0.16)
+    run_ = qdq("verify", fine, coarse, "--target", "npu", "--format", "json")
+    (o,) = run_.json()["outputs"]
+    assert run_.code == 1 and not o["passed"]
+    assert o["sqnr_db"] > 10  # the old gate would have passed it
+    assert o["candidate_to_twin"] > o["allowed"] >= o["input_to_twin"]
+
+
+def test_an_output_that_tells_nothing_is_no_evidence(tmp_path):
+    """Relu of a large negative constant: zero on every input. Identical candidate or not, no pass."""
+    def dead(path: Path, shift: float) -> Path:
+        b = GraphBuilder(opset=13)
+        x = b.qdq(b.input("x", [1, 8]), 0.02)
+        y = b.node("Relu", [b.node("Add", [x, b.init("shift", np.float32(shift))], name="add")], name="relu")
+        b.node("Identity", [b.qdq(y, 0.02)], ["y"], name="out")
+        b.output("y", [1, 8])
+        return b.save(path)
+
+    run_ = qdq("verify", dead(tmp_path / "a.onnx", -100.0), dead(tmp_path / "b.onnx", -101.0), "--target", "trt")
+    assert run_.code == 1, run_.out
+    assert "no evidence" in run_.out and run_.out.splitlines()[-1].startswith("INCONCLUSIVE: y carries no information")
+
+
+def test_fix_and_verify_give_one_verdict(tmp_path):
+    """`qdq verify X X_fixed` agrees with the `qdq fix` that wrote X_fixed: numbers, criterion, verdict."""
+    model = conv_net(tmp_path / "m.onnx", 0.03, 0.07)
+    out = tmp_path / "fixed.onnx"
+    fix = qdq("fix", model, "--target", "npu", "-o", out, "--format", "json", "--isolated", "--keep-failed")
+    verdict = fix.json()["verification"]
+    again = qdq("verify", model, out, "--target", "npu", "--format", "json", "--isolated").json()
+    assert again["outputs"] == verdict["outputs"] and again["criterion"] == verdict["criterion"]
+    assert again["passed"] == verdict["passed"] and again["inputs"] == verdict["inputs"]
+
+
+def test_the_ort_target_judges_what_onnxruntime_runs_by_default(tmp_path):
+    model = conv_net(tmp_path / "m.onnx", 0.03, 0.07)
+    for target, runtime in (("ort", "onnxruntime, default optimisations"), ("npu", "onnxruntime, optimisations off")):
+        document = qdq("verify", model, model, "--target", target, "--format", "json").json()
+        assert document["runtime"] == runtime and document["identical"]
+
+
+def test_twin_of_a_model_with_external_weights(tmp_path):
+    """The twin reads the input's external data where it lies: nothing copied, nothing written beside the input."""
+    proto = onnx.load(str(conv_net(tmp_path / "m.onnx", 0.03, 0.07)))
+    folder = tmp_path / "ext"
+    folder.mkdir()
+    onnx.save(proto, str(folder / "m.onnx"), save_as_external_data=True, location="m.data", size_threshold=0)
+    before = sorted(p.name for p in folder.iterdir())
+    run_ = qdq("verify", folder / "m.onnx", folder / "m.onnx", "--target", "npu", "--format", "json")
+    assert run_.code == 0 and run_.json()["twin"].startswith("float twin"), run_.err
+    assert sorted(p.name for p in folder.iterdir()) == before
+
+
+def test_random_inputs_stay_where_the_quantizers_saturate_rarely(tmp_path):
+    """A conv whose output grid covers only a quarter of what full-range input drives it to: the
+    inputs are drawn at a smaller amplitude, and the label says so."""
+    model = conv_net(tmp_path / "m.onnx", 0.02, 0.002)
+    label = qdq("verify", model, model, "--target", "npu", "--format", "json").json()["inputs"]
+    assert "smooth" in label and "of the input range" in label and "whole" not in label, label
