@@ -6,7 +6,9 @@ what is left computes in float with the weights at their dequantized values. The
 error the user already accepted is the model's distance from its twin; a fix is judged by how
 far it moves the model from that twin (`qdq.verdict`), not by how far it moves it from itself.
 
-The twin is built on the ONNX protobuf, external weights left where they are. It cannot be built
+A Q whose range starts or ends at exactly zero keeps its clipping (a Clip in the twin): quantizers
+delete a Relu or Clip that such a Q makes redundant. The twin is built on the ONNX protobuf,
+external weights left where they are. It cannot be built
 for a model without activation Q/DQ pairs, or with quantization in ops whose float form qdq does
 not know (QDQ006's quantizers and integer kernels); `Twin.reason` says why.
 """
@@ -14,13 +16,16 @@ not know (QDQ006's quantizers and integer kernels); `Twin.reason` says why.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
+import numpy as np
 import onnx
-from onnx import TensorProto, helper
+from onnx import TensorProto, helper, numpy_helper
 
 from qdq.checks.coverage import describe, unread_ops
 from qdq.ops import DEQUANTIZE, QDQ_DOMAINS, QUANTIZE
+from qdq.verify import Quantizers
 
 
 @dataclass
@@ -45,8 +50,9 @@ class _OpView:
     domain: str
 
 
-def float_twin(model: onnx.ModelProto, coverage: dict[str, Any]) -> Twin:
-    """The twin of `model` (not modified); `coverage` is QDQ006's parameters (the ops qdq does not read)."""
+def float_twin(model: onnx.ModelProto, coverage: dict[str, Any], folder: Path | str = ".") -> Twin:
+    """The twin of `model` (not modified); `coverage` is QDQ006's parameters (the ops qdq does not read);
+    `folder` the model's, where its external data lies."""
     graph = model.graph
     quantizers, integers = unread_ops([_OpView(n.op_type, n.domain) for n in graph.node], coverage)
     if quantizers or integers:
@@ -56,7 +62,10 @@ def float_twin(model: onnx.ModelProto, coverage: dict[str, Any]) -> Twin:
     types = _constant_types(graph)
     quantized = [(node.input[0], node) for node in graph.node
                  if _is(node, QUANTIZE) and node.input[0] not in constant]
-    replaced: dict[int, onnx.NodeProto] = {}
+    replaced: dict[int, list[onnx.NodeProto]] = {}
+    ranges = Quantizers(graph, folder)
+    constants: list[onnx.TensorProto] = []
+    opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 1)
     for position, node in enumerate(graph.node):
         if not _is(node, DEQUANTIZE) or len(node.input) < 2:
             continue
@@ -68,16 +77,52 @@ def float_twin(model: onnx.ModelProto, coverage: dict[str, Any]) -> Twin:
         to = _output_type(node, types)
         if to is None:
             continue  # a scale computed at run time: the DQ's float type is unknown, keep the pair
-        replaced[position] = helper.make_node("Cast", [source.input[0]], [node.output[0]],
-                                              name=f"{node.name or node.output[0]}_twin", to=to)
+        replaced[position] = _float_form(source, node, to, ranges, constants, opset, producers)
     if not replaced:
         return Twin(None, 0, "it has no activation QuantizeLinear → DequantizeLinear pair", quantized)
     twin = onnx.ModelProto()
     twin.CopyFrom(model)
     del twin.graph.node[:]
-    twin.graph.node.extend(replaced.get(i, node) for i, node in enumerate(graph.node))
+    twin.graph.node.extend(made for i, node in enumerate(graph.node) for made in replaced.get(i, [node]))
+    twin.graph.initializer.extend(constants)
     _drop_dead_nodes(twin.graph)
     return Twin(twin, len(replaced), None, quantized, [o.name for o in graph.output])
+
+
+def _float_form(q: onnx.NodeProto, dq: onnx.NodeProto, to: int, ranges: Quantizers, constants: list,
+                opset: int, producers: dict[str, onnx.NodeProto]) -> list[onnx.NodeProto]:
+    """What stands for Q → DQ in the twin: the Q's float input, in the DQ's type.
+
+    A Q whose range starts or ends at exactly zero may stand for a Relu or Clip the quantizer
+    removed because the Q's saturation does its work (onnxruntime's quantizer deletes `Relu → Q`
+    and `Clip → Q` so, `IsClipMadeRedundantByQ`): such a Q keeps its clipping in the twin, or the
+    twin would compute a different network (a hard-swish without its Clip grows without bound).
+    Where an op that already bounds its output feeds the Q (a Relu, Clip, Sigmoid), nothing was
+    removed, and the twin does not clip.
+    """
+    name = dq.name or dq.output[0]
+    cast = helper.make_node("Cast", [q.input[0]], [dq.output[0]], name=f"{name}_twin", to=to)
+    bounds = ranges.range_of_node(q, q.input[0], ())
+    if bounds is None or not (float(bounds[0]) == 0.0 or float(bounds[1]) == 0.0) or _one_sided(q.input[0], producers):
+        return [cast]
+    low, high = (float(b) for b in bounds)
+    cast.output[0] = f"{dq.output[0]}_twin_unclipped"
+    if opset < 11:
+        return [cast, helper.make_node("Clip", [cast.output[0]], [dq.output[0]], name=f"{name}_twin_clip",
+                                       min=low, max=high)]
+    dtype = helper.tensor_dtype_to_np_dtype(to)
+    names = [f"{dq.output[0]}_twin_min", f"{dq.output[0]}_twin_max"]
+    constants += [numpy_helper.from_array(np.asarray(value, dtype=dtype), n) for value, n in zip((low, high), names)]
+    return [cast, helper.make_node("Clip", [cast.output[0], *names], [dq.output[0]], name=f"{name}_twin_clip")]
+
+
+# Ops whose output is already bounded on the side a Q with a zero end would clip.
+_BOUNDED = frozenset({"Relu", "Clip", "Sigmoid", "HardSigmoid", "Softmax", "Abs"})
+
+
+def _one_sided(name: str, producers: dict[str, onnx.NodeProto]) -> bool:
+    node = producers.get(name)
+    return node is not None and node.op_type in _BOUNDED
 
 
 def _is(node: onnx.NodeProto, op: str) -> bool:

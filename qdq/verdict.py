@@ -51,14 +51,14 @@ _ONE_AT_A_TIME_BYTES = 512 << 20
 
 @dataclass(frozen=True)
 class Criterion:
-    """How a candidate is judged: the rule set's `[verdict]`, and the gates a user adds."""
+    """How a candidate is judged: the rule set's `[verdict]` (values in rules/common.toml), and the gates a user adds."""
 
-    margin: float = 0.25
-    epsilon: float = 1e-3
-    fallback_min_sqnr: float = 10.0
-    samples: int = 4
-    max_saturation: float = 0.01
-    runtime: str = "exact"  # "exact": optimisations off; "optimized": onnxruntime's defaults
+    margin: float
+    epsilon: float
+    fallback_min_sqnr: float
+    samples: int
+    max_saturation: float
+    runtime: str  # "exact": optimisations off; "optimized": onnxruntime's defaults
     # Gates a user adds on the direct comparison of input and candidate (`--atol`, `--rtol`, `--min-sqnr`).
     atol: float = math.inf
     rtol: float = 0.0
@@ -67,16 +67,18 @@ class Criterion:
     @classmethod
     def of(cls, ruleset: RuleSet, **gates) -> Criterion:
         settings = dict(ruleset.verdict)
-        unknown = set(settings) - {"margin", "epsilon", "fallback_min_sqnr", "samples", "max_saturation", "runtime"}
-        if unknown:
-            raise RuleSetError(f"[verdict] has unknown key(s) {', '.join(sorted(unknown))}")
+        keys = {"margin", "epsilon", "fallback_min_sqnr", "samples", "max_saturation", "runtime"}
+        if set(settings) - keys:
+            raise RuleSetError(f"[verdict] has unknown key(s) {', '.join(sorted(set(settings) - keys))}")
+        if keys - set(settings):
+            raise RuleSetError(f"rule set {ruleset.name!r} has no [verdict] {', '.join(sorted(keys - set(settings)))} "
+                               "(extend a shipped set, such as common, to inherit them)")
         for key in ("margin", "epsilon", "fallback_min_sqnr", "max_saturation"):
-            if key in settings and (not isinstance(settings[key], (int, float)) or isinstance(settings[key], bool)
-                                    or settings[key] < 0):
+            if not isinstance(settings[key], (int, float)) or isinstance(settings[key], bool) or settings[key] < 0:
                 raise RuleSetError(f"[verdict] {key} must be a number >= 0, got {settings[key]!r}")
-        if "samples" in settings and (not isinstance(settings["samples"], int) or settings["samples"] < 1):
+        if not isinstance(settings["samples"], int) or isinstance(settings["samples"], bool) or settings["samples"] < 1:
             raise RuleSetError(f"[verdict] samples must be a whole number >= 1, got {settings['samples']!r}")
-        if settings.get("runtime", "exact") not in ("exact", "optimized"):
+        if settings["runtime"] not in ("exact", "optimized"):
             raise RuleSetError(f"[verdict] runtime must be \"exact\" or \"optimized\", got {settings['runtime']!r}")
         return cls(**settings, **{k: v for k, v in gates.items() if v is not None})
 
@@ -108,7 +110,7 @@ def judge(
     """
     reference, candidate = Path(reference), Path(candidate)
     proto = onnx.load(str(reference), load_external_data=False)
-    twin = float_twin(proto, ruleset.rules["QDQ006"].params if "QDQ006" in ruleset.rules else {}) \
+    twin = float_twin(proto, ruleset.rules["QDQ006"].params if "QDQ006" in ruleset.rules else {}, reference.parent) \
         if not exact else Twin(None, 0, "the change claims to be exact")
     optimized = criterion.runtime == "optimized" and not exact
     if twin.model is not None and samples is None:
@@ -128,8 +130,7 @@ def judge(
         ref_out, cand_out, ran_twin = _run_models(reference, candidate, twin_source if twin_out is None else None,
                                                   samples, optimized, inputs_label)
         twin_out = twin_out if twin_out is not None else ran_twin
-        basis = twin_out if twin_out is not None else ref_out
-        if all(informative(values) for values in basis.values()):
+        if all(_evidence(name, ref_out, twin_out) for name in ref_out):
             break
     result = VerifyResult(
         reference=str(reference), candidate=str(candidate), inputs=inputs_label, atol=criterion.atol,
@@ -146,7 +147,7 @@ def judge(
                                   f"{shape_text(b.shape)} in {candidate}")
         row = compare_arrays(name, a, b, criterion.atol, criterion.rtol, criterion.min_sqnr)
         basis = twin_out[name] if twin_out is not None else a
-        row.evidence = informative(basis)
+        row.evidence = _evidence(name, ref_out, twin_out)
         if exact:
             row.passed = row.identical and row.evidence
         elif twin_out is not None:
@@ -166,6 +167,13 @@ def informative(values: np.ndarray) -> bool:
         return False
     flat = values.astype(np.float64, copy=False).ravel()
     return bool(np.all(np.isfinite(flat))) and bool(np.ptp(flat) > 0)
+
+
+def _evidence(name: str, ref_out: dict, twin_out: dict | None) -> bool:
+    """An output is evidence when the input model's values and the twin's both tell something (a
+    detector whose quantized map is all zero on noise says nothing about a change, even where the
+    twin's map is not)."""
+    return informative(ref_out[name]) and (twin_out is None or informative(twin_out[name]))
 
 
 def _distance(values: np.ndarray, basis: np.ndarray) -> float:

@@ -9,8 +9,9 @@ with qdq's own code:
   any exit 2 is one `qdq: error:` line; no traceback or "unexpected" error anywhere;
 - a file fix writes passes the full ONNX checker (when the input does) and loads in onnxruntime;
 - a failed verification leaves nothing at `-o`;
-- the numbers fix reports are the ones onnxruntime gives on the same inputs: recomputed here from
-  the calibration samples, and equal to `qdq verify` on the same pair with the same seed;
+- the numbers fix reports are the ones onnxruntime gives on the same inputs (with its default
+  optimisations where the target's verdict runs them): recomputed here from the calibration
+  samples; and `qdq verify` on the pair fix wrote gives the same numbers and the same verdict;
 - integers at the graph's interface (a Q's output that is a graph output, a graph input a DQ
   reads), and integers another op reads or writes (QLinearConv, QGemm), keep their scale,
   zero-point and type;
@@ -176,9 +177,10 @@ def assert_same_numbers(reported: list[dict], independent: list[dict]) -> None:
                 np.testing.assert_allclose(a, b, **NUMBER_TOLERANCE, err_msg=f"{mine['name']} {key}")
 
 
-def independent_numbers(reference: Path, candidate: Path, feeds: dict[str, np.ndarray]) -> list[dict]:
-    """Max abs error and SQNR of every output, from onnxruntime and numpy alone."""
-    ref_session, cand_session = session(reference), session(candidate)
+def independent_numbers(reference: Path, candidate: Path, feeds: dict[str, np.ndarray],
+                        optimized: bool = False) -> list[dict]:
+    """Max abs error and SQNR of every output, from onnxruntime and numpy alone (as the target runs it)."""
+    ref_session, cand_session = session(reference, optimized), session(candidate, optimized)
     names = [o.name for o in ref_session.get_outputs()]
     rows = []
     for name, a, b in zip(names, ref_session.run(None, feeds), cand_session.run(names, feeds)):
@@ -295,11 +297,13 @@ def test_invariants(entry: Entry, target: str, tmp_path: Path, conformance_cell)
         assert data.stat().st_size - 65536 * len(ranges) <= sum(n for _, n in set(ranges)), f"{data.name} is padded past alignment"
     if verification is not None:
         if feeds is not None:
-            assert_same_numbers(verification["outputs"], independent_numbers(path, out, feeds))
-        else:
-            again = qdq("verify", path, out, "--format", "json")  # same seed (0), tolerances aside
-            assert again.code in (0, 1), again.err
-            assert_same_numbers(verification["outputs"], again.json()["outputs"])
+            optimized = verification["runtime"] == "onnxruntime, default optimisations"
+            assert_same_numbers(verification["outputs"], independent_numbers(path, out, feeds, optimized))
+        # One verdict: `qdq verify` on the pair fix wrote says what fix said, with the same numbers.
+        again = qdq("verify", path, out, "--target", target, "--format", "json", *inputs)
+        assert again.code in (0, 1), again.err
+        assert again.json()["passed"] == verification["passed"], "qdq verify and qdq fix disagree"
+        assert_same_numbers(verification["outputs"], again.json()["outputs"])
     # Integers a graph takes or hands over, or that other ops read or write, mean what their grid says
     # (a Q/DQ pair a fix removed exactly leaves the other op reading the same integers).
     (interface, held), (interface_out, held_out) = held_grids(path), held_grids(out)

@@ -72,6 +72,6 @@ def test_the_quick_start_shows_what_qdq_prints(tmp_path) -> None:
     printed = {line.replace(str(model), "examples/models/demo_fx_qat.onnx").replace(str(tmp_path / "demo_npu.onnx"), "demo_npu.onnx")
                for line in (lint.out + fix.out).splitlines()}
     quoted = [line for line in (ROOT / "README.md").read_text().splitlines()
-              if line.startswith(("examples/models/demo_fx_qat.onnx", "QDQ", "logits "))]
+              if line.startswith(("examples/models/demo_fx_qat.onnx", "QDQ", "logits ", "criterion: "))]
     assert len(quoted) >= 6
     assert [line for line in quoted if line not in printed] == []

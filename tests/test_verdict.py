@@ -58,7 +58,7 @@ def test_the_twin_computes_in_float_with_the_dequantized_weights(tmp_path, clip)
     twin = float_twin(model, COVERAGE)
     assert twin.reason is None and twin.pairs == 2
     ops = [n.op_type for n in twin.model.graph.node]
-    assert ops.count("QuantizeLinear") == 0 and ops.count("DequantizeLinear") == 1 and "Clip" not in ops
+    assert ops.count("QuantizeLinear") == 0 and ops.count("DequantizeLinear") == 1 and "Clip" not in ops  # Relu feeds y's Q
     x = RNG.uniform(-3, 3, (1, 4, 16, 16)).astype(np.float32)
     w = np.clip(np.round(W / np.float32(0.01)), -127, 127).astype(np.float32) * np.float32(0.01)
     reference = helper.make_model(helper.make_graph(
@@ -157,3 +157,46 @@ def test_random_inputs_stay_where_the_quantizers_saturate_rarely(tmp_path):
     model = conv_net(tmp_path / "m.onnx", 0.02, 0.002)
     label = qdq("verify", model, model, "--target", "npu", "--format", "json").json()["inputs"]
     assert "smooth" in label and "of the input range" in label and "whole" not in label, label
+
+
+@pytest.mark.parametrize("table, expect", [
+    ("margin = -1", "[verdict] margin must be a number >= 0"),
+    ("runtime = \"gpu\"", "[verdict] runtime must be \"exact\" or \"optimized\""),
+    ("samples = 0", "[verdict] samples must be a whole number >= 1"),
+    ("tolerance = 3", "[verdict] has unknown key(s) tolerance"),
+])
+def test_a_broken_verdict_table_is_one_line_exit_2(tmp_path, table, expect):
+    model = conv_net(tmp_path / "m.onnx", 0.03, 0.07)
+    rules = tmp_path / "mine.toml"
+    rules.write_text(f'extends = "npu"\n[verdict]\n{table}\n')
+    for command in (("verify", model, model), ("fix", model, "-o", tmp_path / "out.onnx")):
+        run_ = qdq(*command, "--rules", rules)
+        assert run_.code == 2 and expect in run_.err and len(run_.err.splitlines()) == 1, run_.err
+    assert not (tmp_path / "out.onnx").exists()
+
+
+def test_a_margin_in_your_rules_file_decides(tmp_path):
+    """The same pair fails with the shipped margin and passes with a wider one from the user's file."""
+    fine = conv_net(tmp_path / "fine.onnx", 0.01, 0.02)
+    coarse = conv_net(tmp_path / "coarse.onnx", 0.08, 0.16)
+    assert qdq("verify", fine, coarse, "--target", "npu").code == 1
+    rules = tmp_path / "wide.toml"
+    rules.write_text('extends = "npu"\n[verdict]\nmargin = 100\n')
+    assert qdq("verify", fine, coarse, "--rules", rules).code == 0
+
+
+def test_a_q_that_stands_for_a_removed_relu_keeps_its_clip_in_the_twin(tmp_path):
+    """onnxruntime's quantizer deletes `Relu → Q` when the Q's zero-point is the type minimum: the Q's
+    saturation is the Relu. The twin keeps it, or it would compute another network."""
+    b = GraphBuilder(opset=13)
+    x = b.input("x", [1, 8])
+    b.node("Identity", [b.qdq(x, 0.02, 0, np.uint8, name="a")], ["y"], name="out")  # range [0, 5.1]
+    b.output("y", [1, 8])
+    twin = float_twin(b.model(), COVERAGE)
+    values = np.linspace(-3, 7, 8, dtype=np.float32).reshape(1, 8)
+    np.testing.assert_allclose(run(twin.model, {"x": values}), np.clip(values, 0, 255 * np.float32(0.02)), rtol=1e-6)
+    symmetric = GraphBuilder(opset=13)
+    symmetric.node("Identity", [symmetric.qdq(symmetric.input("x", [1, 8]), 0.02, 0, np.int8, name="a")], ["y"],
+                   name="out")
+    symmetric.output("y", [1, 8])
+    np.testing.assert_array_equal(run(float_twin(symmetric.model(), COVERAGE).model, {"x": values}), values)
