@@ -130,7 +130,7 @@ def judge(
         ref_out, cand_out, ran_twin = _run_models(reference, candidate, twin_source if twin_out is None else None,
                                                   samples, optimized, inputs_label)
         twin_out = twin_out if twin_out is not None else ran_twin
-        if all(_evidence(name, ref_out, twin_out) for name in ref_out):
+        if all(_evidence(name, ref_out, twin_out, len(samples)) for name in ref_out):
             break
     result = VerifyResult(
         reference=str(reference), candidate=str(candidate), inputs=inputs_label, atol=criterion.atol,
@@ -147,7 +147,7 @@ def judge(
                                   f"{shape_text(b.shape)} in {candidate}")
         row = compare_arrays(name, a, b, criterion.atol, criterion.rtol, criterion.min_sqnr)
         basis = twin_out[name] if twin_out is not None else a
-        row.evidence = _evidence(name, ref_out, twin_out)
+        row.evidence = _evidence(name, ref_out, twin_out, len(samples))
         if exact:
             row.passed = row.identical and row.evidence
         elif twin_out is not None:
@@ -169,11 +169,21 @@ def informative(values: np.ndarray) -> bool:
     return bool(np.all(np.isfinite(flat))) and bool(np.ptp(flat) > 0)
 
 
-def _evidence(name: str, ref_out: dict, twin_out: dict | None) -> bool:
-    """An output is evidence when the input model's values and the twin's both tell something (a
-    detector whose quantized map is all zero on noise says nothing about a change, even where the
-    twin's map is not)."""
-    return informative(ref_out[name]) and (twin_out is None or informative(twin_out[name]))
+def _evidence(name: str, ref_out: dict, twin_out: dict | None, samples: int) -> bool:
+    """An output is evidence when the input model's values and the twin's both tell something: not one
+    value everywhere (a detector whose quantized map is all zero on noise says nothing about a change,
+    even where the twin's map is not), and not the same for every sample (integer inputs that random
+    draws leave at zero feed every sample alike)."""
+    return all(informative(values) and _varies(values, samples)
+               for values in (ref_out[name], twin_out[name] if twin_out is not None else None) if values is not None)
+
+
+def _varies(values: np.ndarray, samples: int) -> bool:
+    """Whether the samples' outputs (concatenated on axis 0) differ; one sample always counts as varying."""
+    if samples < 2 or values.ndim == 0 or values.shape[0] % samples:
+        return True
+    parts = np.split(values, samples)
+    return any(not np.array_equal(parts[0], part, equal_nan=True) for part in parts[1:])
 
 
 def _distance(values: np.ndarray, basis: np.ndarray) -> float:

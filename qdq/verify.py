@@ -500,10 +500,22 @@ def _run(session, path: Path, feeds: dict[str, np.ndarray]) -> list:
         log.info("%s does not read the input(s) %s", path, ", ".join(unused))
     from qdq.runtime import run
 
+    declared = {i.name: _FLOAT_BY_ORT_TYPE.get(i.type) for i in session.get_inputs()}
     try:
-        return run(session, None, {n: feeds[n] for n in needed})
+        return run(session, None, {n: _as_declared(feeds[n], declared[n]) for n in needed})
     except Exception as exc:
         raise RunFailed(path, _first_line(exc)) from None
+
+
+_FLOAT_BY_ORT_TYPE = {"tensor(float)": np.float32, "tensor(float16)": np.float16, "tensor(double)": np.float64}
+
+
+def _as_declared(value: np.ndarray, dtype) -> np.ndarray:
+    """A float feed in the float type the model declares: a candidate with an FP16 interface (the trt11
+    fix's `fp16_io`) takes the same values the FP32 input model took, rounded to FP16 as its caller would."""
+    if dtype is not None and isinstance(value, np.ndarray) and value.dtype.kind == "f" and value.dtype != dtype:
+        return value.astype(dtype)
+    return value
 
 
 def as_array(value: object, name: str, path: Path) -> np.ndarray:

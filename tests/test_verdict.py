@@ -200,3 +200,18 @@ def test_a_q_that_stands_for_a_removed_relu_keeps_its_clip_in_the_twin(tmp_path)
                    name="out")
     symmetric.output("y", [1, 8])
     np.testing.assert_array_equal(run(float_twin(symmetric.model(), COVERAGE).model, {"x": values}), values)
+
+
+def test_samples_that_all_give_the_same_output_are_no_evidence(tmp_path):
+    """An integer input that random draws leave at zero (bytes one-hot encoded by ops, as magika
+    does) feeds every sample alike: four equal outputs are one observation, and prove nothing."""
+    b = GraphBuilder(opset=13)
+    codes = b.node("Cast", [b.input("bytes", [1, 8], TensorProto.INT32)], name="cast", to=TensorProto.FLOAT)
+    y = b.node("Add", [b.qdq(codes, 0.02), b.init("bias", np.linspace(-1, 1, 8, dtype=np.float32))], name="add")
+    b.node("Identity", [b.qdq(y, 0.02)], ["y"], name="out")
+    b.output("y", [1, 8])
+    path = b.save(tmp_path / "m.onnx")
+    run_ = qdq("verify", path, path, "--target", "trt")
+    assert run_.code == 1 and "no evidence" in run_.out, run_.out
+    np.savez(tmp_path / "bytes.npz", bytes=RNG.integers(0, 50, (3, 8)).astype(np.int32))
+    assert qdq("verify", path, path, "--target", "trt", "--inputs", tmp_path / "bytes.npz").code == 0
