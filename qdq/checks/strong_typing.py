@@ -1,0 +1,204 @@
+"""QDQ901-903: what a strongly typed TensorRT 11 network builds from a Q/DQ model's float types.
+
+TensorRT 11 removed weak typing: every layer runs in the type of its ONNX tensors, and the
+`--fp16`/`--int8` build flags that used to let unquantized layers run in FP16 are gone. So the
+float parts of a Q/DQ model decide the engine's float precision, and a DequantizeLinear outputs
+its scale's type. The types come from `qdq.float_types`.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from typing import Iterable
+
+from onnx import TensorProto
+
+from qdq import float_types, ir
+from qdq.dtypes import type_name
+from qdq.graph_export import export_model
+from qdq.normalize import inferred_types
+from qdq.ops import QDQ_DOMAINS, QDQ_OPS, QUANTIZE
+from qdq.rule import CheckContext, Finding, Rule, Severity, mention, register
+
+# Nodes that only convert or hold values: never part of a float region.
+_NOT_COMPUTE = frozenset({*QDQ_OPS, "Cast", "CastLike", "Constant"})
+
+
+def tensor_types(ctx: CheckContext) -> dict[str, int]:
+    """Every tensor's element type, inferred once per index (the rules below share it)."""
+    memo = ctx.index.memo
+    if "float_types" not in memo:
+        memo["float_types"] = float_types.infer(ctx.graph, ctx.model.opset)
+    return memo["float_types"]
+
+
+def _is_qdq(node: ir.Node) -> bool:
+    return node.op in QDQ_OPS and node.domain in QDQ_DOMAINS
+
+
+def fp32_regions(graph: ir.Graph, types: dict[str, int], keep_fp32: Iterable[str]) -> list[list[ir.Node]]:
+    """Connected groups of nodes that write an FP32 tensor (Q/DQ, Casts and `keep_fp32` ops left out), in graph order."""
+    keep = set(keep_fp32)
+    members = [n for n in graph.nodes if n.op not in _NOT_COMPUTE and n.op not in keep
+               and any(types.get(t.name) == TensorProto.FLOAT for t in n.outputs)]
+    parent = {id(n): id(n) for n in members}
+
+    def root(key: int) -> int:
+        while parent[key] != key:
+            parent[key] = parent[parent[key]]
+            key = parent[key]
+        return key
+
+    for node in members:
+        for tensor in node.inputs:
+            for producer in tensor.inputs:
+                if id(producer) in parent:
+                    parent[root(id(producer))] = root(id(node))
+    regions: dict[int, list[ir.Node]] = {}
+    for node in members:
+        regions.setdefault(root(id(node)), []).append(node)
+    return list(regions.values())
+
+
+def element_counts(ctx: CheckContext) -> dict[str, int]:
+    """Tensor name → element count as ONNX shape inference finds it, a symbolic dimension (the batch)
+    taken as 1, as ModelOpt does (once per index)."""
+    memo = ctx.index.memo
+    if "element_counts" not in memo:
+        counts = {}
+        for name, type_proto in inferred_types(export_model(ctx.graph, ctx.model.proto)).items():
+            dims = type_proto.tensor_type.shape.dim
+            if all(d.HasField("dim_value") or d.HasField("dim_param") for d in dims):
+                counts[name] = math.prod(d.dim_value if d.HasField("dim_value") else 1 for d in dims)
+        memo["element_counts"] = counts
+    return memo["element_counts"]
+
+
+@register
+class FloatRemainder(Rule):
+    """Ops of a Q/DQ model that compute in FP32 build FP32 on TensorRT 11.
+
+    What: the float parts of a quantized model (everything between the quantized layers: the
+    ops no Q/DQ fuses into, and the float side of every DequantizeLinear) are FP32. Each finding
+    is one connected region of ops writing FP32 tensors, with its size (ops, FP32 activation
+    elements where the shapes are known) and what it costs: FP32 activations move twice the
+    bytes of FP16, and FP32 convolutions and GEMMs run without FP16 tensor cores (TF32 at best).
+    Casts, Q/DQ and the ops the rule set keeps FP32 on purpose (`keep_fp32`) are not counted.
+
+    Why: TensorRT 11 builds every network strongly typed; the `--fp16` flag that made such
+    regions FP16 on TensorRT 10 is gone ("A FP32 ONNX produces a FP32 engine. Run AutoCast
+    first": NVIDIA's trt-strong-typing-migration skill; TensorRT 10.x-to-11.x migration guide,
+    trtexec flags). A DequantizeLinear outputs its scale's type, so FP32 scales keep the ops
+    after it FP32 (ONNX DequantizeLinear-21; NVIDIA's ModelOpt: a leftover scale cast "forces
+    DQ outputs to FP32, breaking downstream FP16 matmul/add operations under strongly-typed TRT
+    parsing"). NVIDIA's AutoCast refuses models that already have Q/DQ.
+
+    Example: a PyTorch QAT export (FP32 Conv → Relu → Add with FP32-scale Q/DQ) reports one
+    region per connected FP32 part; ModelOpt 0.37+ INT8 output (FP16 inside, FP32 graph I/O
+    behind Casts) reports none.
+    """
+
+    code = "QDQ901"
+    name = "float-remainder"
+    message = "{count} op(s) compute in FP32 between the quantized layers ({ops}); {cost}"
+    severity = Severity.WARNING
+    parameters = {"keep_fp32": []}
+
+    def check(self, ctx: CheckContext) -> Iterable[Finding]:
+        types = tensor_types(ctx)
+        for region in fp32_regions(ctx.graph, types, ctx.params["keep_fp32"]):
+            written = [t for node in region for t in node.outputs if types.get(t.name) == TensorProto.FLOAT]
+            counts = element_counts(ctx)
+            sizes = [counts.get(t.name) for t in written]
+            elements = sum(s for s in sizes if s is not None)
+            ops = Counter(node.op for node in region)
+            cost = (f"TensorRT 11 builds them FP32: {elements} FP32 activation elements, {2 * elements} bytes "
+                    f"more than FP16" + ("" if None not in sizes else " (some shapes unknown)")
+                    if elements else "TensorRT 11 builds them FP32")
+            yield self.finding(ctx, region[0], written[:1], subject=region, count=len(region),
+                               ops=", ".join(f"{n} {op}" for op, n in ops.most_common()), op_counts=dict(ops),
+                               nodes=[mention(n) for n in region], elements=elements,
+                               known_sizes=None not in sizes, cost=cost)
+
+
+@register
+class ScaleType(Rule):
+    """A Q/DQ scale must have the float type of the tensor it quantizes from or dequantizes to.
+
+    What: a QuantizeLinear whose scale type differs from its input's (FP16 scale on an FP32
+    input, FP32 scale on an FP16 input), and a DequantizeLinear whose output type (its scale's,
+    or `output_dtype`) differs from an input ONNX binds to the same type (Add's other operand;
+    not Resize's scales, which stay FP32).
+
+    Why: TensorRT 11 networks are strongly typed: "if the scale data type is kHALF or kBF16, it
+    must match the input data type" (NvInfer.h, IQuantizeLayer, TensorRT 10.16 and 11.1), and a
+    DQ's output type is fixed by its scale, so an FP32-scale DQ next to FP16 tensors leaves an
+    FP32 op or a cast (ModelOpt's `fold_qdq_scale_fp16_to_fp32_casts`). An FP32 scale on an FP16
+    input is not excluded by NVIDIA's sentence; before opset 19 the ONNX parser casts it, from 19
+    on it passes unchanged (onnx-tensorrt `QuantDequantLinearHelper`): reported so the float
+    types stay one type.
+
+    Example: `x: float16 → QuantizeLinear(x, scale: float32)` at opset 19.
+    """
+
+    code = "QDQ902"
+    name = "scale-type"
+    message = "{tensor} is {actual} where the {side} is {expected}"
+    severity = Severity.ERROR
+
+    def check(self, ctx: CheckContext) -> Iterable[Finding]:
+        types = tensor_types(ctx)
+        for node in ctx.graph.nodes:
+            if not _is_qdq(node) or len(node.inputs) < 2:
+                continue
+            if node.op == QUANTIZE:
+                x, scale = (types.get(t.name) for t in node.inputs[:2])
+                if _floats(x, scale) and x != scale:
+                    yield self.finding(ctx, node, [node.inputs[1]], tensor=f"the scale of {mention(node)}",
+                                       actual=type_name(scale), side="input", expected=type_name(x))
+                continue
+            out = types.get(node.outputs[0].name)
+            for reader in node.outputs[0].outputs:
+                if _is_qdq(reader) or reader.op in ("Cast", "CastLike"):
+                    continue
+                slot = next(i for i, t in enumerate(reader.inputs) if t is node.outputs[0])
+                others = {types.get(reader.inputs[i].name)
+                          for i in float_types.bound_together(reader, slot, ctx.model.opset)} - {None}
+                other = next((o for o in others if _floats(o, out) and o != out), None)
+                if other is not None:
+                    yield self.finding(ctx, node, [node.outputs[0]], tensor=f"the output of {mention(node)}",
+                                       actual=type_name(out), side=f"other input of {mention(reader)}",
+                                       expected=type_name(other))
+                    break
+
+
+def _floats(*types: int | None) -> bool:
+    return all(t in float_types.FLOAT_TYPES for t in types)
+
+
+@register
+class OpsetFloor(Rule):
+    """A Q/DQ model for TensorRT 11 needs the opset that allows FP16 scales (`min_opset`, 19).
+
+    What: the model imports an ai.onnx opset below `min_opset` and has Q/DQ nodes.
+
+    Why: QuantizeLinear and DequantizeLinear take FP16 scales from opset 19 on; before it every
+    scale is FP32, so every DQ outputs FP32 and a strongly typed TensorRT 11 build runs the ops
+    around the quantized layers in FP32 (QDQ901). NVIDIA's ModelOpt forces opset 19 for this
+    reason, "the first to support fp16 scales in Q/DQ nodes" (modelopt/onnx/autocast/convert.py),
+    and AutoCast raises a Q/DQ model to 19 (graphsanitizer.py).
+
+    Example: a pytorch-quantization export at opset 13.
+    """
+
+    code = "QDQ903"
+    name = "opset-floor"
+    message = "opset {opset} is below {minimum}: Q/DQ scales can only be FP32, so the layers around them build FP32"
+    severity = Severity.WARNING
+    parameters = {"min_opset": 19}
+
+    def check(self, ctx: CheckContext) -> Iterable[Finding]:
+        minimum = ctx.params["min_opset"]
+        if ctx.model.opset < minimum and ctx.index.has_qdq:
+            yield self.finding(ctx, None, opset=ctx.model.opset, minimum=minimum)
