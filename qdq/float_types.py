@@ -6,7 +6,7 @@ Exporters declare the types of graph inputs and outputs but rarely of every inte
 so the types are carried forward here the way ONNX's type constraints say: an output whose type
 variable is an input's (`T` in, `T` out) has that input's type; an output whose constraint allows
 no float type (Shape's int64, Equal's bool) is not float; a DequantizeLinear outputs its scale's
-type (or `output_dtype`), a Cast its `to`. No op list is kept: the schemas hold the knowledge.
+type (or `output_dtype`), a Cast its `to`, a Constant its value's. No op list is kept: the schemas hold the knowledge.
 """
 
 from __future__ import annotations
@@ -67,15 +67,20 @@ def _output_type(node: ir.Node, slot: int, types: dict[str, int], opset: int) ->
         return int(node.attrs["to"])
     if node.op == "CastLike" and len(inputs) > 1:
         return inputs[1]
-    schema = _schema(node.op, node.domain or "", opset)
-    if schema is None or not schema.outputs:
+    if node.op == "Constant":
+        value = node.attrs.get("value")
+        if isinstance(value, ir.Constant):
+            return element_type(value.dtype)
+        return TensorProto.FLOAT if {"value_float", "value_floats"} & set(node.attrs) else TensorProto.UNDEFINED
+    found = schema(node.op, node.domain or "", opset)
+    if found is None or not found.outputs:
         return None
-    formal = schema.outputs[min(slot, len(schema.outputs) - 1)].type_str
-    allowed = _allowed(schema, formal)
+    formal = found.outputs[min(slot, len(found.outputs) - 1)].type_str
+    allowed = _allowed(found, formal)
     if allowed and not allowed & _FLOAT_TYPE_STRS:
         return TensorProto.UNDEFINED  # not a float, whatever it is
     for position, known in enumerate(inputs):
-        parameter = schema.inputs[min(position, len(schema.inputs) - 1)] if schema.inputs else None
+        parameter = found.inputs[min(position, len(found.inputs) - 1)] if found.inputs else None
         if known is not None and parameter is not None and parameter.type_str == formal:
             return known
     return None
@@ -84,10 +89,10 @@ def _output_type(node: ir.Node, slot: int, types: dict[str, int], opset: int) ->
 def bound_together(node: ir.Node, slot: int, opset: int) -> list[int]:
     """The other input slots of `node` that ONNX binds to the type of input `slot` (Add's A and B, not
     Resize's scales); none when the op has no schema here."""
-    schema = _schema(node.op, node.domain or "", opset)
-    if schema is None or not schema.inputs:
+    found = schema(node.op, node.domain or "", opset)
+    if found is None or not found.inputs:
         return []
-    formal = [schema.inputs[min(i, len(schema.inputs) - 1)].type_str for i in range(len(node.inputs))]
+    formal = [found.inputs[min(i, len(found.inputs) - 1)].type_str for i in range(len(node.inputs))]
     return [i for i, t in enumerate(formal) if i != slot and t == formal[slot] and node.inputs[i].name]
 
 
@@ -99,7 +104,8 @@ def _allowed(schema: onnx.defs.OpSchema, type_str: str) -> frozenset[str]:
 
 
 @cache
-def _schema(op: str, domain: str, opset: int) -> onnx.defs.OpSchema | None:
+def schema(op: str, domain: str, opset: int) -> onnx.defs.OpSchema | None:
+    """The ai.onnx schema of `op` at `opset`; None for other domains and unknown ops."""
     if domain not in ("", "ai.onnx"):
         return None
     try:

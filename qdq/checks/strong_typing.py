@@ -14,12 +14,12 @@ from typing import Iterable
 
 from onnx import TensorProto
 
-from qdq import float_types, ir
+from qdq import float_types, fp16, ir
 from qdq.dtypes import type_name
 from qdq.graph_export import export_model
 from qdq.normalize import inferred_types
 from qdq.ops import QDQ_DOMAINS, QDQ_OPS, QUANTIZE
-from qdq.rule import CheckContext, Finding, Rule, Severity, mention, register
+from qdq.rule import Change, CheckContext, Finding, FixContext, FixSafety, Rule, Severity, mention, register
 
 # Nodes that only convert or hold values: never part of a float region.
 _NOT_COMPUTE = frozenset({*QDQ_OPS, "Cast", "CastLike", "Constant"})
@@ -37,10 +37,12 @@ def _is_qdq(node: ir.Node) -> bool:
     return node.op in QDQ_OPS and node.domain in QDQ_DOMAINS
 
 
-def fp32_regions(graph: ir.Graph, types: dict[str, int], keep_fp32: Iterable[str]) -> list[list[ir.Node]]:
-    """Connected groups of nodes that write an FP32 tensor (Q/DQ, Casts and `keep_fp32` ops left out), in graph order."""
-    keep = set(keep_fp32)
-    members = [n for n in graph.nodes if n.op not in _NOT_COMPUTE and n.op not in keep
+def fp32_regions(graph: ir.Graph, types: dict[str, int], keep_fp32: Iterable[str],
+                 kept: Iterable[ir.Node] = ()) -> list[list[ir.Node]]:
+    """Connected groups of nodes that write an FP32 tensor, in graph order: Q/DQ, Casts, `keep_fp32`
+    ops and the nodes the FP16 conversion keeps FP32 on purpose (`kept`) left out."""
+    keep, skip = set(keep_fp32), {id(n) for n in kept}
+    members = [n for n in graph.nodes if n.op not in _NOT_COMPUTE and n.op not in keep and id(n) not in skip
                and any(types.get(t.name) == TensorProto.FLOAT for t in n.outputs)]
     parent = {id(n): id(n) for n in members}
 
@@ -97,17 +99,29 @@ class FloatRemainder(Rule):
     Example: a PyTorch QAT export (FP32 Conv → Relu → Add with FP32-scale Q/DQ) reports one
     region per connected FP32 part; ModelOpt 0.37+ INT8 output (FP16 inside, FP32 graph I/O
     behind Casts) reports none.
+
+    The fix (approximate: FP16 rounds) converts the whole model as ModelOpt's output looks and
+    keeps every Q/DQ (`qdq.fp16`): FP16 activations, constants and Q/DQ scales, the opset raised
+    to 19 where no op changes meaning on the way (an attribute that became an input, as
+    ReduceMean-18's axes, moves there), the FP32 interface kept behind Casts (`fp16_io = true`
+    makes it FP16). Ops stay FP32, behind Casts, where the rule set says (`keep_fp32`), where
+    ONNX has no FP16 version, and where the Q/DQ grids bound their output beyond FP16's 65504
+    (a DQ writes at most scale · max|q − zero-point|; `--calibrate` ranges are used where
+    given); those are not reported. A model whose opset cannot be raised is not fixed.
     """
 
     code = "QDQ901"
     name = "float-remainder"
     message = "{count} op(s) compute in FP32 between the quantized layers ({ops}); {cost}"
     severity = Severity.WARNING
-    parameters = {"keep_fp32": []}
+    fix_safety = FixSafety.APPROXIMATE
+    parameters = {"keep_fp32": [], "fp16_io": False}
 
     def check(self, ctx: CheckContext) -> Iterable[Finding]:
         types = tensor_types(ctx)
-        for region in fp32_regions(ctx.graph, types, ctx.params["keep_fp32"]):
+        plan = self._plan(ctx)
+        kept = [node for node in ctx.graph.nodes if node.name in plan.kept]
+        for region in fp32_regions(ctx.graph, types, ctx.params["keep_fp32"], kept):
             written = [t for node in region for t in node.outputs if types.get(t.name) == TensorProto.FLOAT]
             counts = element_counts(ctx)
             sizes = [counts.get(t.name) for t in written]
@@ -116,10 +130,32 @@ class FloatRemainder(Rule):
             cost = (f"TensorRT 11 builds them FP32: {elements} FP32 activation elements, {2 * elements} bytes "
                     f"more than FP16" + ("" if None not in sizes else " (some shapes unknown)")
                     if elements else "TensorRT 11 builds them FP32")
-            yield self.finding(ctx, region[0], written[:1], subject=region, count=len(region),
-                               ops=", ".join(f"{n} {op}" for op, n in ops.most_common()), op_counts=dict(ops),
-                               nodes=[mention(n) for n in region], elements=elements,
-                               known_sizes=None not in sizes, cost=cost)
+            if plan.blocker:
+                cost += f"; no FP16 conversion: {plan.blocker}"
+            yield self.finding(ctx, region[0], written[:1], subject=region, fixable=plan.blocker is None,
+                               count=len(region), ops=", ".join(f"{n} {op}" for op, n in ops.most_common()),
+                               op_counts=dict(ops), nodes=[mention(n) for n in region], elements=elements,
+                               known_sizes=None not in sizes, cost=cost, blocker=plan.blocker)
+
+    def fix(self, ctx: FixContext, finding: Finding) -> list[Change]:
+        """The whole model at once (the first region's fix converts every region; the rest find it done)."""
+        if ctx.index.memo.get("fp16_converted"):
+            return []
+        ctx.index.memo["fp16_converted"] = True
+        plan, changes = self._plan(ctx), []
+        if ctx.model.opset < fp16.FP16_OPSET:
+            changes.append(Change(self.code, None, None, f"opset {ctx.model.opset}", f"opset {fp16.FP16_OPSET}",
+                                  "opset raised for FP16 scales (attributes that became inputs moved, no other op changes)"))
+            fp16.raise_opset(ctx, fp16.FP16_OPSET)
+        return changes + fp16.convert(ctx, plan, tensor_types(ctx), ctx.params["fp16_io"], self.code)
+
+    @staticmethod
+    def _plan(ctx: CheckContext) -> fp16.Plan:
+        memo = ctx.index.memo
+        if "fp16_plan" not in memo:
+            memo["fp16_plan"] = fp16.plan(ctx.graph, ctx.model.opset, tensor_types(ctx), ctx.params["keep_fp32"],
+                                          ctx.ranges)
+        return memo["fp16_plan"]
 
 
 @register
