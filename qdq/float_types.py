@@ -86,16 +86,6 @@ def _output_type(node: ir.Node, slot: int, types: dict[str, int], opset: int) ->
     return None
 
 
-def bound_together(node: ir.Node, slot: int, opset: int) -> list[int]:
-    """The other input slots of `node` that ONNX binds to the type of input `slot` (Add's A and B, not
-    Resize's scales); none when the op has no schema here."""
-    found = schema(node.op, node.domain or "", opset)
-    if found is None or not found.inputs:
-        return []
-    formal = [found.inputs[min(i, len(found.inputs) - 1)].type_str for i in range(len(node.inputs))]
-    return [i for i, t in enumerate(formal) if i != slot and t == formal[slot] and node.inputs[i].name]
-
-
 def _allowed(schema: onnx.defs.OpSchema, type_str: str) -> frozenset[str]:
     for constraint in schema.type_constraints:
         if constraint.type_param_str == type_str:

@@ -10,9 +10,10 @@ import numpy as np
 import onnx
 import pytest
 from builders import GraphBuilder
-from conftest import findings_of
+from conftest import findings_of, run_ort
 from onnx import TensorProto, numpy_helper
 
+import cli
 from qdq.model import load_model
 from qdq.ruleset import load_target
 
@@ -91,20 +92,30 @@ def test_all_fp16_model_is_clean(tmp_path):
         assert findings_of(model, code, target="trt11") == [], code
 
 
-def test_fp32_dequantized_operand_next_to_fp16_is_reported(tmp_path):
-    """Add(DQ with an FP32 scale, FP16 tensor): the DQ's output type is its scale's."""
-    b = GraphBuilder(opset=19)
-    h = b.input("h", [1, 4], TensorProto.FLOAT16)
-    x = b.dq(b.init("xq", np.ones((1, 4), np.int8)), 0.1, name="dq_fp32")
-    b.node("Add", [x, h], ["y"], name="add")
-    b.output("y", [1, 4], TensorProto.FLOAT16)
-    found = findings_of(load_model(b.save(tmp_path / "m.onnx")), "QDQ902", target="trt11")
-    assert [(f.node, f.values["actual"], f.values["expected"]) for f in found] == [("dq_fp32", "float", "float16")]
-
-
 @pytest.mark.parametrize("opset, reported", [(13, True), (17, True), (19, False)])
 def test_opset_floor(tmp_path, opset, reported):
     found = findings_of(load_model(conv_relu_add(opset).save(tmp_path / "m.onnx")), "QDQ903", target="trt11")
     assert bool(found) == reported
     if found:
         assert found[0].values == {"opset": opset, "minimum": 19}
+
+
+def test_scale_type_fix_gives_the_scale_its_input_type(tmp_path, capsys):
+    """x: float16 → Q(scale float32) → DQ(scale float16): the Q's scale becomes FP16, outputs unchanged."""
+    b = GraphBuilder(opset=23)
+    x = b.input("x", [1, 4], TensorProto.FLOAT16)
+    xq = b.node("QuantizeLinear", [x, b.init("s32", np.float32(0.1)), b.init("z", np.int8(0))], name="q")
+    b.node("DequantizeLinear", [xq, b.init("s16", np.float16(0.1)), "z"], ["y"], name="dq")
+    b.output("y", [1, 4], TensorProto.FLOAT16)
+    source = b.save(tmp_path / "m.onnx")
+    out = tmp_path / "out.onnx"
+    assert cli.main(["fix", str(source), "--target", "trt11", "--select", "QDQ902", "--no-verify", "-o", str(out)]) == 0
+    capsys.readouterr()
+    model = onnx.load(out)
+    onnx.checker.check_model(model, full_check=True)
+    (q,) = [n for n in model.graph.node if n.op_type == "QuantizeLinear"]
+    assert {i.name: i.data_type for i in model.graph.initializer}[q.input[1]] == TensorProto.FLOAT16
+    assert findings_of(load_model(out), "QDQ902", target="trt11") == []
+    # onnxruntime runs no FP16 input with an FP32 scale (the input), so the fixed model is checked by hand.
+    x = np.array([[0.1, -0.26, 0.34, 1.0]], np.float16)
+    np.testing.assert_allclose(run_ort(out, {"x": x})[0], np.float16([[0.1, -0.3, 0.3, 1.0]]), rtol=1e-3)

@@ -12,7 +12,8 @@ import math
 from collections import Counter
 from typing import Iterable
 
-from onnx import TensorProto
+import numpy as np
+from onnx import TensorProto, helper
 
 from qdq import float_types, fp16, ir
 from qdq.dtypes import type_name
@@ -160,12 +161,13 @@ class FloatRemainder(Rule):
 
 @register
 class ScaleType(Rule):
-    """A Q/DQ scale must have the float type of the tensor it quantizes from or dequantizes to.
+    """A QuantizeLinear's scale must have the float type of the tensor it quantizes.
 
     What: a QuantizeLinear whose scale type differs from its input's (FP16 scale on an FP32
-    input, FP32 scale on an FP16 input), and a DequantizeLinear whose output type (its scale's,
-    or `output_dtype`) differs from an input ONNX binds to the same type (Add's other operand;
-    not Resize's scales, which stay FP32).
+    input, FP32 scale on an FP16 input), which ONNX allows from opset 23 on (QuantizeLinear-19
+    and -21 bind both to one type). A DequantizeLinear needs no such rule: its output has its
+    scale's type, and the ops after it bind their inputs to one type, so ONNX itself keeps
+    them equal (an FP32-scale DQ makes its readers FP32: QDQ901).
 
     Why: TensorRT 11 networks are strongly typed: "if the scale data type is kHALF or kBF16, it
     must match the input data type" (NvInfer.h, IQuantizeLayer, TensorRT 10.16 and 11.1), and a
@@ -175,38 +177,45 @@ class ScaleType(Rule):
     on it passes unchanged (onnx-tensorrt `QuantDequantLinearHelper`): reported so the float
     types stay one type.
 
-    Example: `x: float16 → QuantizeLinear(x, scale: float32)` at opset 19.
+    Example: `x: float16 → QuantizeLinear(x, scale: float32)` at opset 23.
+
+    The fix gives the scale its input's type (approximate: FP16 rounds it), where the scale is a
+    constant and FP16's normal range holds it.
     """
 
     code = "QDQ902"
     name = "scale-type"
-    message = "{tensor} is {actual} where the {side} is {expected}"
+    message = "{tensor} is {actual} where the input is {expected}"
     severity = Severity.ERROR
+    fix_safety = FixSafety.APPROXIMATE
+
+    def fix(self, ctx: FixContext, finding: Finding) -> list[Change]:
+        node, expected = finding.subject
+        scale = node.inputs[1]
+        values = scale.values.astype(helper.tensor_dtype_to_np_dtype(expected))
+        ctx.edits.swap_params(node, ir.Constant(ctx.new_name(f"{scale.name}_{type_name(expected)}", scale.name), values))
+        return [Change(self.code, mention(node), scale.name, type_name(float_types.element_type(scale.dtype)),
+                       type_name(expected), f"scale to {type_name(expected)}, its input's type")]
+
+    @staticmethod
+    def _fixable(ctx: CheckContext, node: ir.Node, expected: int) -> bool:
+        scale = node.inputs[1]
+        if not isinstance(scale, ir.Constant):
+            return False
+        magnitude = np.abs(scale.values.astype(np.float64))
+        return expected != TensorProto.FLOAT16 or bool(
+            magnitude.size and magnitude.min() >= fp16.FP16_TINY and magnitude.max() <= fp16.FP16_MAX)
 
     def check(self, ctx: CheckContext) -> Iterable[Finding]:
         types = tensor_types(ctx)
         for node in ctx.graph.nodes:
-            if not _is_qdq(node) or len(node.inputs) < 2:
+            if node.op != QUANTIZE or node.domain not in QDQ_DOMAINS or len(node.inputs) < 2:
                 continue
-            if node.op == QUANTIZE:
-                x, scale = (types.get(t.name) for t in node.inputs[:2])
-                if _floats(x, scale) and x != scale:
-                    yield self.finding(ctx, node, [node.inputs[1]], tensor=f"the scale of {mention(node)}",
-                                       actual=type_name(scale), side="input", expected=type_name(x))
-                continue
-            out = types.get(node.outputs[0].name)
-            for reader in node.outputs[0].outputs:
-                if _is_qdq(reader) or reader.op in ("Cast", "CastLike"):
-                    continue
-                slot = next(i for i, t in enumerate(reader.inputs) if t is node.outputs[0])
-                others = {types.get(reader.inputs[i].name)
-                          for i in float_types.bound_together(reader, slot, ctx.model.opset)} - {None}
-                other = next((o for o in others if _floats(o, out) and o != out), None)
-                if other is not None:
-                    yield self.finding(ctx, node, [node.outputs[0]], tensor=f"the output of {mention(node)}",
-                                       actual=type_name(out), side=f"other input of {mention(reader)}",
-                                       expected=type_name(other))
-                    break
+            x, scale = (types.get(t.name) for t in node.inputs[:2])
+            if _floats(x, scale) and x != scale:
+                yield self.finding(ctx, node, [node.inputs[1]], subject=(node, x), fixable=self._fixable(ctx, node, x),
+                                   tensor=f"the scale of {mention(node)}", actual=type_name(scale),
+                                   expected=type_name(x))
 
 
 def _floats(*types: int | None) -> bool:
