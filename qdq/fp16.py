@@ -12,7 +12,7 @@ What stays FP32, with Casts around it (`Plan.kept`):
   FP16 at the opset;
 - ops whose output could leave FP16's range. The Q/DQ bound the activations: a DequantizeLinear
   writes at most scale · max|q − zero-point|, and the bound is carried through ops whose output
-  magnitude follows from their inputs' (`_BOUND`); measured ranges (`--calibrate`) are used
+  magnitude follows from their inputs' (`_bounds`); measured ranges (`--calibrate`) are used
   where given. An op whose bound is unknown is converted and counted as unchecked;
 - Q/DQ whose scale FP16 cannot hold (below its smallest normal number or above its largest).
 An FP32 op kept for its range that feeds FP16 is clipped to ±65504 before its Cast, so the Q
@@ -258,11 +258,14 @@ def _weighted_bound(node: ir.Node, inputs: list[float]) -> float:
     if node.op in ("Conv", "ConvTranspose"):
         axis = 1 if node.op == "ConvTranspose" else 0
         per_output = np.moveaxis(w, axis, 0).reshape(w.shape[axis], -1).sum(axis=1)
-    elif node.op == "Gemm" and node.attrs.get("transB", 0):
+    elif node.op == "Gemm" and node.attrs.get("transB", 0):  # B is [N, K]
         per_output = w.reshape(w.shape[0], -1).sum(axis=1)
     else:
         per_output = w.reshape(-1, w.shape[-1]).sum(axis=0)
     bias = inputs[2] if len(inputs) > 2 else 0.0
+    if node.op == "Gemm":  # alpha · A·B + beta · C
+        return abs(node.attrs.get("alpha", 1.0)) * inputs[0] * float(per_output.max(initial=0.0)) \
+            + abs(node.attrs.get("beta", 1.0)) * bias
     return inputs[0] * float(per_output.max(initial=0.0)) + bias
 
 
