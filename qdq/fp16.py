@@ -178,10 +178,10 @@ def _bounds(graph: ir.Graph, ranges: dict[str, tuple[float, float]] | None) -> d
 
 
 def _input_bound(tensor: ir.Tensor, bound: dict[str, float]) -> float:
-    values = _constant(tensor) if tensor.name else None
-    if values is not None:
-        return float(np.abs(values.astype(np.float64)).max()) if values.size and values.dtype.kind in "fiu" else 0.0
-    return bound.get(tensor.name, math.inf)
+    if tensor.name in bound or not isinstance(tensor, ir.Constant):  # computed (a Constant node's too) or absent
+        return bound.get(tensor.name, math.inf)
+    values = tensor.values
+    return float(np.abs(values.astype(np.float64)).max()) if values.size and values.dtype.kind in "fiu" else 0.0
 
 
 def _node_bound(node: ir.Node, inputs: list[float]) -> float:
