@@ -14,6 +14,7 @@ from conftest import findings_of, run_ort
 from onnx import TensorProto, numpy_helper
 
 import cli
+from qdq import float_types
 from qdq.model import load_model
 from qdq.ruleset import load_target
 
@@ -119,3 +120,22 @@ def test_scale_type_fix_gives_the_scale_its_input_type(tmp_path, capsys):
     # onnxruntime runs no FP16 input with an FP32 scale (the input), so the fixed model is checked by hand.
     x = np.array([[0.1, -0.26, 0.34, 1.0]], np.float16)
     np.testing.assert_allclose(run_ort(out, {"x": x})[0], np.float16([[0.1, -0.3, 0.3, 1.0]]), rtol=1e-3)
+
+
+def test_tensor_types_follow_onnx_schemas(tmp_path):
+    """Shape's output is an integer whatever it reads; Cast's is its `to`; a Constant's its value's; a DQ's its scale's."""
+    b = GraphBuilder(opset=19)
+    x = b.input("x", [1, 4], TensorProto.FLOAT16)
+    shape = b.node("Shape", [x], name="shape")
+    as_float = b.node("Cast", [shape], name="cast", to=TensorProto.FLOAT)
+    half = b.node("Constant", [], name="const", value=numpy_helper.from_array(np.float16(2.0)))
+    dq = b.dq(b.init("q", np.ones((1, 4), np.int8)), 0.5, name="dq")
+    b.node("Mul", [x, half], ["y"], name="mul")
+    b.output("y", [1, 4], TensorProto.FLOAT16)
+    b.output(b.node("Neg", [as_float], name="neg"), [2])  # intermediate tensors are typed by inference only
+    b.output(b.node("Neg", [dq], name="neg2"), [1, 4])
+    model = load_model(b.save(tmp_path / "m.onnx"))
+    types = float_types.infer(model.graph, model.opset)
+    assert types[shape] == TensorProto.UNDEFINED  # not a float: Shape's T1 allows only int64
+    assert (types[as_float], types[half], types[dq], types["y"]) == (
+        TensorProto.FLOAT, TensorProto.FLOAT16, TensorProto.FLOAT, TensorProto.FLOAT16)
