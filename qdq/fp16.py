@@ -328,11 +328,11 @@ def convert(ctx: FixContext, chosen: Plan, types: dict[str, int], fp16_io: bool,
             ctx.edits.set_attr(node, "to", TensorProto.FLOAT16)
         if node.op == DEQUANTIZE and node.attrs.get("output_dtype") == TensorProto.FLOAT:
             ctx.edits.set_attr(node, "output_dtype", TensorProto.FLOAT16)
-    for node in list(graph.nodes):  # ops kept FP32 read FP32
+    for node in list(graph.nodes):  # ops kept FP32 read FP32 (a graph output's FP32 value too: its Cast below)
         if id(node) in converted:
             continue
         for slot, tensor in enumerate(list(node.inputs)):
-            if tensor.name in was_fp32 and id(tensor) not in interface:
+            if tensor.name in was_fp32:
                 ctx.edits.set_input(node, slot, cast(tensor, TensorProto.FLOAT))
     outputs = 0
     for tensor in [t for t in graph.outputs if t.name in was_fp32]:
