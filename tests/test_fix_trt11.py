@@ -134,3 +134,22 @@ def test_modelopt_fp16_exports_are_left_alone(tmp_path, capsys, name):
     assert Counter(n.op_type for n in after.graph.node) == Counter(n.op_type for n in before.graph.node)
     assert scale_types(after) == scale_types(before) and set(scale_types(after)) == {"FLOAT16"}
     capsys.readouterr()
+
+
+def test_a_graph_output_read_by_an_op_kept_fp32(tmp_path, capsys):
+    """Relu → y (a graph output) → Celu (AutoCast keeps Celu FP32): y keeps its FP32 interface and Celu reads FP32."""
+    b = GraphBuilder(opset=19)
+    x = b.qdq(b.input("x", [1, 4]), name="in")
+    b.node("Relu", [x], ["y"], name="relu")
+    b.node("Celu", ["y"], ["z"], name="celu")
+    b.output("y", [1, 4])
+    b.output("z", [1, 4])
+    source = b.save(tmp_path / "m.onnx")
+    model = onnx.load(fix(tmp_path, source, "--select", "QDQ901"))
+    producers = {o: n for n in model.graph.node for o in n.output}
+    (celu,) = [n for n in model.graph.node if n.op_type == "Celu"]
+    assert producers[celu.input[0]].op_type == "Cast" and producers["y"].op_type == "Cast"
+    x = np.array([[-1.0, 0.5, 1.0, 2.0]], np.float32)
+    for before, after in zip(run_ort(source, {"x": x}), run_ort(tmp_path / "out.onnx", {"x": x})):
+        assert after.dtype == np.float32 and np.abs(after - before).max() < 1e-3
+    capsys.readouterr()
