@@ -34,10 +34,6 @@ def tensor_types(ctx: CheckContext) -> dict[str, int]:
     return memo["float_types"]
 
 
-def _is_qdq(node: ir.Node) -> bool:
-    return node.op in QDQ_OPS and node.domain in QDQ_DOMAINS
-
-
 def fp32_regions(graph: ir.Graph, types: dict[str, int], keep_fp32: Iterable[str],
                  kept: Iterable[ir.Node] = ()) -> list[list[ir.Node]]:
     """Connected groups of nodes that write an FP32 tensor, in graph order: Q/DQ, Casts, `keep_fp32`

@@ -50,8 +50,7 @@ def predict(path: Path, ruleset: RuleSet) -> Layout:
     model = load_model(path)
     result = lint(model, ruleset)
     index = QuantIndex(model)
-    cfg = ruleset.rules.get("QDQ801")
-    weighted = set(cfg.params["ops"]) if cfg is not None and cfg.enabled else set()
+    weighted = weighted_ops(ruleset)
     transparent = ruleset.params.get("transparent", [])
     int8, floating = [], []
     for node in model.graph.nodes:
@@ -80,6 +79,7 @@ def engine_counts(engine: Engine, weighted: set[str]) -> dict[str, int]:
 
 
 def weighted_ops(ruleset: RuleSet) -> set[str]:
+    """The ops TensorRT runs INT8 when their inputs are quantized: QDQ801's `ops` in the rule set."""
     cfg = ruleset.rules.get("QDQ801")
     return set(cfg.params["ops"]) if cfg is not None else set()
 
