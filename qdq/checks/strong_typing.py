@@ -220,9 +220,9 @@ def _floats(*types: int | None) -> bool:
 
 @register
 class OpsetFloor(Rule):
-    """A Q/DQ model for TensorRT 11 needs the opset that allows FP16 scales (`min_opset`, 19).
+    """A Q/DQ model for TensorRT 11 needs opset 19, the first that allows FP16 scales.
 
-    What: the model imports an ai.onnx opset below `min_opset` and has Q/DQ nodes.
+    What: the model imports an ai.onnx opset below 19 and has Q/DQ nodes.
 
     Why: QuantizeLinear and DequantizeLinear take FP16 scales from opset 19 on; before it every
     scale is FP32, so every DQ outputs FP32 and a strongly typed TensorRT 11 build runs the ops
@@ -230,16 +230,15 @@ class OpsetFloor(Rule):
     reason, "the first to support fp16 scales in Q/DQ nodes" (modelopt/onnx/autocast/convert.py),
     and AutoCast raises a Q/DQ model to 19 (graphsanitizer.py).
 
-    Example: a pytorch-quantization export at opset 13.
+    Example: a pytorch-quantization export at opset 13. QDQ901's fix raises the opset with the
+    conversion to FP16, where no op changes meaning on the way.
     """
 
     code = "QDQ903"
     name = "opset-floor"
     message = "opset {opset} is below {minimum}: Q/DQ scales can only be FP32, so the layers around them build FP32"
     severity = Severity.WARNING
-    parameters = {"min_opset": 19}
 
     def check(self, ctx: CheckContext) -> Iterable[Finding]:
-        minimum = ctx.params["min_opset"]
-        if ctx.model.opset < minimum and ctx.index.has_qdq:
-            yield self.finding(ctx, None, opset=ctx.model.opset, minimum=minimum)
+        if ctx.model.opset < fp16.FP16_OPSET and ctx.index.has_qdq:
+            yield self.finding(ctx, None, opset=ctx.model.opset, minimum=fp16.FP16_OPSET)
