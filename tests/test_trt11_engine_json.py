@@ -25,8 +25,10 @@ PAIRS = {  # (A, B): each file is under ORIGINAL and, converted, at the same pat
                   "tests-inputs/mobilenet.qat.onnx.engine.graph.json"),
     "resnet18": ("pytorch/resnet/A100/qat-residual/resnet-qat-residual.onnx.engine.graph.json",
                  "pytorch/resnet/A100/qat/resnet-qat.onnx.engine.graph.json"),
+    "resnet18-fp16-reference": ("pytorch/resnet/A100/fp16/resnet.onnx.engine.graph.json",
+                                "pytorch/resnet/A100/qat/resnet-qat.onnx.engine.graph.json"),
 }
-FILES = [name for pair in PAIRS.values() for name in pair]
+FILES = sorted({name for pair in PAIRS.values() for name in pair})
 
 
 def run(capsys, *argv) -> tuple[int, str]:
