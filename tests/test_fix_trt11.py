@@ -153,3 +153,21 @@ def test_a_graph_output_read_by_an_op_kept_fp32(tmp_path, capsys):
     for before, after in zip(run_ort(source, {"x": x}), run_ort(tmp_path / "out.onnx", {"x": x})):
         assert after.dtype == np.float32 and np.abs(after - before).max() < 1e-3
     capsys.readouterr()
+
+
+def test_a_model_with_subgraphs_keeps_its_opset(tmp_path, capsys):
+    """An If below opset 19: its branches' nodes are not reviewed for the opset change, so nothing is converted."""
+    from onnx import helper
+    b = GraphBuilder(opset=13)
+    x = b.qdq(b.input("x", [1, 4]), name="in")
+    branch = helper.make_graph([helper.make_node("Relu", [x], ["r"])], "branch", [],
+                               [helper.make_tensor_value_info("r", TensorProto.FLOAT, [1, 4])])
+    flag = b.init("flag", np.array(True))
+    b.node("If", [flag], ["y"], name="if", then_branch=branch, else_branch=branch)
+    b.output("y", [1, 4])
+    source = b.save(tmp_path / "m.onnx")
+    found = [f for f in lint(load_model(source), load_target("trt11")).findings if f.code == "QDQ901"]
+    assert found and all(f.fix is None and "holds subgraphs" in f.message for f in found)
+    model = onnx.load(fix(tmp_path, source, "--select", "QDQ901"))
+    assert [o.version for o in model.opset_import if o.domain in ("", "ai.onnx")] == [13]
+    capsys.readouterr()
