@@ -29,7 +29,8 @@ ADD = "add"
 DETACH = "detach"  # a node's inputs and outputs cleared: nothing reads it, it reads nothing
 VALUES = "values"  # a constant's values replaced in place (the log cannot tell who reads them)
 ATTRIBUTE = "attribute"
-STRUCTURAL = frozenset({INPUT, OUTPUT, ADD, DETACH, VALUES})
+TYPE = "type"  # a computed tensor declared with another element type (its readers' types follow)
+STRUCTURAL = frozenset({INPUT, OUTPUT, ADD, DETACH, VALUES, TYPE})
 
 _PARAM_SLOTS = (1, 2)
 
@@ -116,6 +117,12 @@ class EditLog:
         old = node.outputs[slot].name
         node.outputs[slot] = tensor
         self._record(EditRecord(OUTPUT, node.name, slot, old, tensor.name))
+
+    def set_type(self, tensor: ir.Variable, dtype: Any) -> None:
+        """Declare a computed tensor (or a graph input) with another element type."""
+        old = tensor.dtype
+        tensor.dtype = dtype
+        self._record(EditRecord(TYPE, None, None, _text(old), str(np.dtype(dtype))))
 
     def set_values(self, constant: ir.Constant, values: Any) -> None:
         """Replace a constant's values in place: every reader sees them, and the Q/DQs among them are re-read."""

@@ -119,7 +119,7 @@ def _shape_graph_outputs(proto: onnx.ModelProto) -> list[str]:
                if out.type.WhichOneof("value") == "tensor_type" and not out.type.tensor_type.HasField("shape")]
     if not missing:
         return []
-    inferred = _inferred_types(proto)
+    inferred = inferred_types(proto)
     filled = []
     for out in missing:
         found = inferred.get(out.name)
@@ -131,7 +131,7 @@ def _shape_graph_outputs(proto: onnx.ModelProto) -> list[str]:
     return filled
 
 
-def _inferred_types(proto: onnx.ModelProto) -> dict[str, onnx.TypeProto]:
+def inferred_types(proto: onnx.ModelProto) -> dict[str, onnx.TypeProto]:
     """Every value's type as onnx's (non-strict) shape inference sees it, without the weights' data."""
     light = onnx.ModelProto()
     light.CopyFrom(proto)

@@ -244,3 +244,17 @@ def test_different_networks_warn_and_suggest_nothing(capsys, a, b, paired, large
     assert out.index("note: " + warning) < out.index("Differences by network region")
     assert "qdq fix" not in out and "Q/DQ placement rules" not in out
     assert f"Failed --fail-on: different networks: only {paired} of {larger} compute layers pair" in out
+
+
+@pytest.mark.parametrize("qat, still_float", [("qat/resnet-qat", ["MaxPool_12", "GlobalAveragePool_246"]),
+                                              ("qat-residual-qgap/resnet-qat-residual-qgap", [])])
+def test_fp16_reference_names_what_stays_float_in_the_qat_engine(capsys, qat, still_float):
+    """TensorRT 11 builds no PTQ engine; an FP16 engine of the float model is the reference instead."""
+    _, report, _ = compare(capsys, RESNET / "fp16" / "resnet.onnx.engine.graph.json",
+                           RESNET / f"{qat}.onnx.engine.graph.json")
+    notes = [n for n in report["notes"] if "is a float engine" in n]
+    if still_float:
+        assert len(notes) == 1 and f"{len(still_float)} compute layer(s)" in notes[0]
+        assert all(name in notes[0] for name in still_float)
+    else:
+        assert notes == []

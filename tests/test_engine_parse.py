@@ -182,3 +182,12 @@ def test_profile_of_another_engine_is_refused(tmp_path):
     path = YOLO / "profile.json"
     with pytest.raises(EngineFileError, match="no row names a layer"):
         attach_profile(engine, load_profile(path), path)
+
+
+def test_trt11_tensor_without_a_dtype_key_takes_its_format_word(tmp_path):
+    document = {"Layers": [{"Name": "conv", "LayerType": "CaskConvolution",
+                            "Inputs": [{"Name": "x", "Format": "Row major linear FP16 format (kLINEAR)"}]}],
+                "I/O Tensors": [{"Name": "x", "IOMode": "Input"}]}
+    path = tmp_path / "trt11.json"
+    path.write_text(json.dumps(document))
+    assert load_layer_info(path).layers[0].input_precisions == ["FP16"]

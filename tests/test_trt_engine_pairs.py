@@ -35,6 +35,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "examples"))
 
 from networks import BasicBlock, InvertedResidual, export_float, quantize_trt_style  # noqa: E402
 
+import cli  # noqa: E402
+
 from qdq.calibrate import tensor_ranges  # noqa: E402
 from qdq.fix import fix  # noqa: E402
 from qdq.lint import lint  # noqa: E402
@@ -149,3 +151,27 @@ def test_trt_fix_leaves_what_the_good_engines_show(bad_placement):
         good = standalone_qdq_layers(MOBILENET / "mobilenet_v2_residuals.qat.onnx.engine.graph.json")
         # NVIDIA's good engine keeps the input Q and the Q after the float pool, which the fix also quantizes.
         assert len(good) == 2
+
+
+def test_expected_layout_matches_the_bad_engine(bad_placement, capsys):
+    """`qdq compare --expect`: the layout predicted from the ONNX alone against NVIDIA's real engine.
+
+    The toy MobileNetV2 keeps a 1×1 expand conv in its first block (t = 1), which torchvision's and
+    so NVIDIA's does not have: one INT8 conv more than the engine, nothing else differs."""
+    name, path, _ = bad_placement
+    engine = RESNET / "qat" / "resnet-qat.onnx.engine.graph.json" if name == "resnet18" else \
+        MOBILENET / "mobilenet.qat.onnx.engine.graph.json"
+    code = cli.main(["compare", "--expect", str(path), "--target", "trt", str(engine), "--format", "json"])
+    rows = {r["key"]: (r["predicted"], r["engine"]) for r in json.loads(capsys.readouterr().out)["rows"]}
+    assert rows["standalone_qdq"] == ((10, 10) if name == "resnet18" else (17, 17))
+    assert rows["float_layers"] == (1, 1)  # the GlobalAveragePool NVIDIA left float
+    assert rows["int8_layers"] == ((21, 21) if name == "resnet18" else (54, 53))
+    assert code == (0 if name == "resnet18" else 1)
+
+
+def test_expect_takes_one_engine(capsys, tmp_path):
+    engine = str(RESNET / "qat" / "resnet-qat.onnx.engine.graph.json")
+    assert cli.main(["compare", "--expect", str(tmp_path / "missing.onnx"), engine, engine]) == 2
+    assert "one engine file" in capsys.readouterr().err
+    assert cli.main(["compare", engine]) == 2
+    assert "two engine files" in capsys.readouterr().err

@@ -1,7 +1,9 @@
 """`qdq compare A.json B.json`: what differs between a reference engine and a candidate, and why.
 
 A and B are `trtexec --exportLayerInfo` files (A: PTQ, FP16 or a good QAT engine; B: the QAT
-engine under study). Exit 0: no --fail-on condition met; 1: a condition met, or --fail-on given and
+engine under study). TensorRT 11 builds no PTQ engine: A may be an FP16 engine of the float model,
+or, with `--expect MODEL.onnx`, the layout a rule set predicts from the ONNX (`qdq.engine.expected`;
+exit 1 where a predicted count differs from the engine's). Exit 0: no --fail-on condition met; 1: a condition met, or --fail-on given and
 A and B look like different networks (a gate must not pass on a comparison that means nothing);
 2: bad input or usage. Differences alone never fail: FP16 against FP32 differs, and that is no finding.
 """
@@ -12,6 +14,7 @@ import argparse
 from pathlib import Path
 
 from qdq.commands.args import UsageError, add_logging_args, emit, log
+from qdq.engine import expected
 from qdq.engine.diff import Comparison, compare
 from qdq.engine.layers import Engine, load_layer_info
 from qdq.engine.onnx_map import OnnxMapping, map_to_onnx
@@ -19,6 +22,7 @@ from qdq.engine.profile import attach_profile, load_profile
 from qdq.files import check_writable
 from qdq.reports import engine_html, engine_text
 from qdq.reports.json import dumps
+from qdq.ruleset import load_target
 
 EXIT_CLEAN, EXIT_FAILED = 0, 1
 CONDITIONS = {
@@ -40,10 +44,17 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
         "region, and map each to the qdq trt rule that fixes it where a Q/DQ or INT8 layer is involved. When too "
         "few layers pair (different networks) the differences are listed without rules. Exit 0: no --fail-on "
         "condition met; 1: a condition met, or --fail-on given and A and B look like different networks; 2: bad "
-        "input or usage.",
+        "input or usage. With --expect MODEL.onnx (no reference engine, as on TensorRT 11), one engine is set "
+        "against the layout the --target rule set predicts from the ONNX; exit 1 where a count differs.",
     )
-    parser.add_argument("a", type=Path, metavar="A.json", help="reference engine layer info (PTQ, FP16 or good QAT)")
-    parser.add_argument("b", type=Path, metavar="B.json", help="candidate engine layer info (the QAT engine)")
+    parser.add_argument("engines", type=Path, nargs="+", metavar="ENGINE.json",
+                        help="reference engine layer info (PTQ, FP16 or good QAT) and candidate (the QAT engine); "
+                        "with --expect, the candidate only")
+    parser.add_argument("--expect", type=Path, metavar="MODEL.onnx",
+                        help="no reference engine (TensorRT 11 builds no implicit-INT8 one): compare the candidate with "
+                        "the layout --target predicts from this ONNX model (INT8 weighted layers, standalone Q/DQ)")
+    parser.add_argument("--target", default="trt11", metavar="NAME",
+                        help="rule set that predicts the layout for --expect (default: trt11)")
     parser.add_argument("--profile-a", type=Path, metavar="FILE", help="trtexec --exportProfile output of A")
     parser.add_argument("--profile-b", type=Path, metavar="FILE", help="trtexec --exportProfile output of B")
     parser.add_argument("--onnx", type=Path, metavar="B.onnx", help="the ONNX model B was built from: tie each "
@@ -58,6 +69,11 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.expect is not None:
+        return run_expected(args)
+    if len(args.engines) != 2:
+        raise UsageError("compare needs two engine files, A.json and B.json (or one with --expect MODEL.onnx)")
+    args.a, args.b = args.engines
     conditions = parse_fail_on(args.fail_on)
     inputs = [p for p in (args.a, args.b, args.profile_a, args.profile_b, args.onnx) if p is not None]
     if args.output is not None:
@@ -72,6 +88,21 @@ def run(args: argparse.Namespace) -> int:
     failed = check_fail_on(comparison, conditions)
     emit(args.output, render(comparison, mapping, failed, args.format))
     return EXIT_FAILED if failed else EXIT_CLEAN
+
+
+def run_expected(args: argparse.Namespace) -> int:
+    """One engine against the layout the rule set predicts from the ONNX: exit 1 where a count differs."""
+    if len(args.engines) != 1:
+        raise UsageError("with --expect, give one engine file (the one built from MODEL.onnx)")
+    if args.fail_on or args.onnx or args.profile_a or args.format == "html":
+        raise UsageError("--expect reports counts as text or JSON; --fail-on, --onnx, --profile-a and html do not apply")
+    if args.output is not None:
+        check_writable(args.output, inputs=[args.engines[0], args.expect])
+    ruleset = load_target(args.target)
+    engine = load_engine(args.engines[0], args.profile_b)
+    report = expected.compare_layout(expected.predict(args.expect, ruleset), engine, ruleset)
+    emit(args.output, dumps(report) if args.format == "json" else expected.render_text(report))
+    return EXIT_FAILED if any(row["match"] is False for row in report["rows"]) else EXIT_CLEAN
 
 
 def load_engine(path: Path, profile: Path | None) -> Engine:

@@ -261,6 +261,12 @@ def _notes(a: Engine, b: Engine) -> list[str]:
     if not b.quantized:
         notes.append(f"B ({b.path.name}) has no Q/DQ or INT8 layer: a float engine, whose precision, reformat "
                      "and fusion differences are TensorRT's choices; no Q/DQ rule applies")
+    elif not a.quantized:  # an FP16 engine of the float model: the reference TensorRT 11 leaves
+        still = [layer.name for layer in b.layers if layer.role == "compute" and not layer.runs_low_bit]
+        if still:
+            shown = ", ".join(_short(name, 40) for name in still[:5]) + (", ..." if len(still) > 5 else "")
+            notes.append(f"A ({a.path.name}) is a float engine: {len(still)} compute layer(s) of B still run "
+                         f"float ({shown}); B's standalone Q/DQ below are what its placement costs")
     for engine, side in ((a, "A"), (b, "B")):
         if not engine.detailed:
             notes.append(

@@ -286,7 +286,8 @@ def _tensor(raw: dict) -> Tensor:
     # TensorRT 11 splits the field; the exact spelling of the keys varies.
     dtype = raw.get("Datatype", raw.get("DataType"))
     fmt = raw.get("Format")
-    precision = precision_of(str(dtype)) if dtype is not None else None
+    # The dtype key, else the format text's dtype word ("Row major linear FP16 format (kLINEAR)").
+    precision = precision_of(str(dtype if dtype is not None else fmt or ""))
     text = " ".join(str(v) for v in (fmt, dtype) if v is not None) or None
     return Tensor(str(raw.get("Name", "")), dims, precision, text)
 
