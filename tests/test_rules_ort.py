@@ -929,3 +929,17 @@ def test_qdq508_stores_a_one_channel_conv_as_uint8(tmp_path):
     _, path = fix_rule(model, "QDQ508", tmp_path)
     scale, zero_point = node_params(path, "w_dq")
     assert zero_point.dtype == np.uint8 and scale == f32(0.01)
+
+
+def test_narrowed_weights_keep_their_conv_fused(tmp_path):
+    """Issue 39's checker: QDQ508 moved the grid of some output channels and left their int32 bias at
+    the old input × weight scale; onnxruntime then kept those Convs float (11 QLinearConv in the
+    quantizer's MobileNetV2, 5 after the fix). QDQ606 re-scales the biases after it."""
+    source = Path(__file__).parent / "corpus" / "ort" / "mobilenetv2_default.onnx"
+    model = load_model(source)
+    result = fix(model, ORT)
+    assert result.converged and {"QDQ508", "QDQ606"} <= set(result.by_rule())
+    path = tmp_path / "fixed.onnx"
+    save_model(model, path)
+    ops = optimized_ops(path)
+    assert ops["QLinearConv"] == 17 and ops["Conv"] + ops["FusedConv"] == 0, ops
