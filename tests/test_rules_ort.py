@@ -943,3 +943,23 @@ def test_narrowed_weights_keep_their_conv_fused(tmp_path):
     save_model(model, path)
     ops = optimized_ops(path)
     assert ops["QLinearConv"] == 17 and ops["Conv"] + ops["FusedConv"] == 0, ops
+
+
+def relu6_block(top: float) -> GraphBuilder:
+    """u8 DQ → Conv → Clip(0, 6) → Q(u8, zp 0, range [0, top]) → DQ → y."""
+    b = GraphBuilder()
+    x = act(b, b.input("x", [1, 2, 4, 4]), "x", 0.02, 128, np.uint8)
+    y = b.node("Conv", [x, conv_weight(b, "w", (2, 2, 1, 1))], name="conv")
+    clipped = b.node("Clip", [y, b.init("lo", f32(0.0)), b.init("hi", f32(6.0))], name="relu6")
+    b.node("Identity", [act(b, clipped, "y", top / 255, 0, np.uint8)], ["out"])
+    b.output("out", [1, 2, 4, 4])
+    return b
+
+
+@pytest.mark.parametrize("top, fused", [(6.0, True), (255 / 32, False)])
+def test_a_clip_the_q_does_not_cover_keeps_the_conv_float(tmp_path, top, fused):
+    """Issue 39's checker: Quark's power-of-two ReLU6 outputs (Q range [0, 7.97]) were lint-clean for
+    ort, but onnxruntime absorbs a Clip only when the Q's range lies within it: 12 Convs ran float."""
+    model = load(relu6_block(top), tmp_path)
+    assert [f.node for f in found(model, "QDQ804")] == ([] if fused else ["conv"])
+    assert optimized_ops(tmp_path / "model.onnx")["QLinearConv"] == int(fused)
