@@ -963,3 +963,17 @@ def test_a_clip_the_q_does_not_cover_keeps_the_conv_float(tmp_path, top, fused):
     model = load(relu6_block(top), tmp_path)
     assert [f.node for f in found(model, "QDQ804")] == ([] if fused else ["conv"])
     assert optimized_ops(tmp_path / "model.onnx")["QLinearConv"] == int(fused)
+
+
+def test_sixteen_bit_activations_are_named_not_rewritten(tmp_path):
+    """Issue 39's checker: a uint16 model was lint-clean for ort, yet onnxruntime's QLinear kernels
+    are 8-bit and not one of its Convs fused. QDQ505 names such values, without a fix."""
+    b = GraphBuilder()
+    x = act(b, b.input("x", [1, 2, 4, 4]), "x", 0.0001, 32768, np.uint16)
+    y = b.node("Conv", [x, conv_weight(b, "w", (2, 2, 1, 1))], name="conv")
+    b.node("Identity", [act(b, y, "y", 0.001, 32768, np.uint16)], ["out"])
+    b.output("out", [1, 2, 4, 4])
+    model = load(b, tmp_path)
+    findings = found(model, "QDQ505")
+    assert sorted(f.tensors for f in findings) == [("x",), ("y",)] and all(f.fix is None for f in findings)
+    assert optimized_ops(tmp_path / "model.onnx")["QLinearConv"] == 0
