@@ -8,11 +8,15 @@ and §8):
 
 - every per-tensor Q/DQ has constant 0-d scale and zero-point ([1]-shaped ones make session
   creation fail once a group is fused, and keep a Relu from being absorbed);
-- a node unit is an op with a QLinear replacement (§3.7) that reads at least one DQ. Every input
+- a node unit is an op with a QLinear replacement (§3.7) that reads a dequantized activation
+  (a weight-only DQ is MatMulNBits' pattern, not a unit) and writes no graph output (a unit
+  never does, so such an op is float by design: a model's interface is its own). Every input
   comes from a DQ (a Conv/Gemm float bias aside: WeightBiasQuantization quantizes it); every
   output edge goes to a Q, directly or through a Relu/Clip the Q makes redundant (a Relu only
-  when the Q's zero-point is the type's minimum); no output is a graph output. MatMul's float
-  output is allowed (MatMulIntegerToFloat);
+  when the Q's zero-point is the type's minimum). MatMul's float output is allowed
+  (MatMulIntegerToFloat);
+- a Conv/Gemm unit's int32 bias is at input scale × weight scale, per output channel (measured
+  with onnxruntime 1.31.1: a bias scale 1.5x off leaves the Conv float);
 - the unit's activations are 8-bit (the QLinear kernels are 8-bit) and unsigned on x86, where
   int8 is not allowed: an int8 activation fuses only when onnxruntime's own s8 → u8 pass converts
   it, which it does only for a Q with one DQ that has one reader (§3.5);
@@ -128,8 +132,6 @@ def _output_quantizes(g: _Graph, node: onnx.NodeProto) -> tuple[list[onnx.NodePr
     """The Qs every output edge of the unit reaches (through an absorbed Relu/Clip), and what does not."""
     quantizes, problems = [], []
     for out in [o for o in node.output if o]:
-        if out in g.graph_outputs:
-            problems.append(f"its output {out} is a graph output")
         for consumer in g.consumers[out]:
             if consumer.op_type == "QuantizeLinear":
                 quantizes.append(consumer)
@@ -159,12 +161,16 @@ def _fusable_type(g: _Graph, node: onnx.NodeProto, elem: int | None) -> str | No
 def _check_unit(g: _Graph, node: onnx.NodeProto) -> list[str]:
     name, op = g.label(node), node.op_type
     dqs = [g.made_by(t, "DequantizeLinear") if t else None for t in node.input]
-    if not any(dqs):
-        return []  # a float op: no node unit to fuse
+    if not any(dq is not None and not g.from_constant(dq) for dq in dqs):
+        return []  # a float op, or weight-only quantization: no node unit to fuse
+    if any(o in g.graph_outputs for o in node.output):
+        return []  # float by design: a unit never writes a graph output
     found = []
     for slot, (tensor, dq) in enumerate(zip(node.input, dqs)):
         if tensor and dq is None and FLOAT_BIAS.get(op) != slot:
             found.append(f"[unit-input] {name} ({op}): input {tensor} is not dequantized")
+    if FLOAT_BIAS.get(op) is not None and len(dqs) > 2 and None not in dqs[:3]:
+        found += _bias_scale(g, name, op, dqs[0], dqs[1], dqs[2])
     quantizes, problems = _output_quantizes(g, node)
     if op not in FLOAT_OUTPUT_OK:
         found += [f"[unit-output] {name} ({op}): {p}" for p in problems]
@@ -174,6 +180,17 @@ def _check_unit(g: _Graph, node: onnx.NodeProto) -> list[str]:
         if why is not None:
             found.append(f"[unit-type] {name} ({op}): {g.label(qdq)} is {why}")
     return found
+
+
+def _bias_scale(g: _Graph, name: str, op: str, data, weight, bias) -> list[str]:
+    (s_in, _, _), (s_w, _, _), (s_b, _, b_type) = g.params(data), g.params(weight), g.params(bias)
+    if b_type != TensorProto.INT32 or s_in is None or s_w is None or s_b is None:
+        return []
+    expected = np.float32(np.ravel(s_in)[0]) * np.ravel(s_w).astype(np.float32)
+    actual = np.ravel(s_b).astype(np.float32)
+    if actual.size in (1, expected.size) and np.allclose(actual, expected, rtol=1e-5, atol=0):
+        return []
+    return [f"[bias-scale] {name} ({op}): int32 bias scale {actual[:3]} is not input × weight scale {expected[:3]}"]
 
 
 def _check_drop(g: _Graph, node: onnx.NodeProto) -> list[str]:

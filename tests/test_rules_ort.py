@@ -975,5 +975,5 @@ def test_sixteen_bit_activations_are_named_not_rewritten(tmp_path):
     b.output("out", [1, 2, 4, 4])
     model = load(b, tmp_path)
     findings = found(model, "QDQ505")
-    assert sorted(f.tensors for f in findings) == [("x",), ("y",)] and all(f.fix is None for f in findings)
+    assert sorted(f.tensors for f in findings) == [("conv_out",), ("x",)] and all(f.fix is None for f in findings)
     assert optimized_ops(tmp_path / "model.onnx")["QLinearConv"] == 0
