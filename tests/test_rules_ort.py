@@ -968,7 +968,7 @@ def test_a_clip_the_q_does_not_cover_keeps_the_conv_float(tmp_path, top, fused):
 def test_sixteen_bit_activations_are_named_not_rewritten(tmp_path):
     """Issue 39's checker: a uint16 model was lint-clean for ort, yet onnxruntime's QLinear kernels
     are 8-bit and not one of its Convs fused. QDQ505 names such values, without a fix."""
-    b = GraphBuilder()
+    b = GraphBuilder(opset=21)  # uint16 Q/DQ
     x = act(b, b.input("x", [1, 2, 4, 4]), "x", 0.0001, 32768, np.uint16)
     y = b.node("Conv", [x, conv_weight(b, "w", (2, 2, 1, 1))], name="conv")
     b.node("Identity", [act(b, y, "y", 0.001, 32768, np.uint16)], ["out"])
