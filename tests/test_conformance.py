@@ -36,6 +36,7 @@ import onnxruntime as ort
 import pytest
 
 import npu_constraints
+import ort_node_units
 import trt_placement
 from cli_run import Run, qdq
 
@@ -43,7 +44,7 @@ ROOT = Path(__file__).resolve().parent.parent
 CORPUS = ROOT / "tests" / "corpus"
 TARGETS = ("npu", "trt", "ort")
 # Each target's independent checker of "clean": what it finds wrong in a model (empty when clean).
-CHECKERS = {"npu": npu_constraints.check, "trt": trt_placement.violations}
+CHECKERS = {"npu": npu_constraints.check, "trt": trt_placement.violations, "ort": ort_node_units.check}
 # Two float32 computations of the same SQNR agree to far better than this.
 NUMBER_TOLERANCE = dict(rtol=1e-4, atol=1e-6)
 
