@@ -63,6 +63,15 @@ def test_trt_formats_are_tensorrts():
         assert (trt_placement.violations(b.model()) == []) == clean, weight_type
 
 
+def test_trt_per_channel_weights_run_along_the_output_channels():
+    for axis, clean in ((0, True), (1, False)):
+        b = GraphBuilder()
+        x = b.qdq(b.input("x", [1, 2, 4, 4]), 0.1)
+        w = b.weight("w", RNG.normal(size=(2, 2, 1, 1)).astype(np.float32), scale=[0.01, 0.02], axis=axis)
+        b.output(b.node("Conv", [x, w], name="conv"), [1, 2, 4, 4])
+        assert (trt_placement.violations(b.model()) == []) == clean, axis
+
+
 # --- ort ---------------------------------------------------------------------------------------------
 
 
@@ -93,3 +102,16 @@ def test_ort_each_broken_condition():
     # int8 activations whose Q has two readers stay int8 on x86: no QLinearConv, no QLinearAdd.
     found = ort_node_units.check(ort_unit(zero_point=0, dtype=np.int8))
     assert ort_node_units.tags(found) == {"unit-type"} and len(found) == 2, found
+
+
+def test_ort_int32_bias_at_input_times_weight_scale():
+    """onnxruntime keeps a Conv float when its int32 bias is off the accumulator's scale (measured)."""
+    for bias_scale, clean in ((0.05 * 2**-6, True), (0.05 * 2**-5, False)):
+        b = GraphBuilder()
+        x = b.qdq(b.input("x", [1, 2, 4, 4]), 0.05, 128, np.uint8)
+        w = b.weight("w", RNG.normal(size=(2, 2, 1, 1)).astype(np.float32), scale=2**-6)
+        bias = b.dq(b.init("b_int", np.arange(2, dtype=np.int32)), bias_scale, dtype=np.int32, name="b")
+        b.node("Identity", [b.qdq(b.node("Conv", [x, w, bias], name="conv"), 0.1, 128, np.uint8)], ["y"])
+        b.output("y", [1, 2, 4, 4])
+        found = ort_node_units.check(b.model())
+        assert (found == []) == clean and (clean or ort_node_units.tags(found) == {"bias-scale"}), found

@@ -6,7 +6,8 @@ helpers cannot hide a bug in its rules. The rules are those of the TensorRT cata
 (../shared/reference/tensorrt-qdq.md §1, §3, §6.2 and §14):
 
 - Q/DQ types TensorRT parses: int8, and float8 e4m3, with zero-point 0; int4 only on weights
-  (weight-only); per-axis scales only on constant (weight) paths;
+  (weight-only); per-axis scales only on constant (weight) paths, along the output channels
+  (Conv axis 0, ConvTranspose 1 or, before TensorRT 10.2, 0; Gemm 0 with transB, else 1);
 - a Concat's quantized inputs and output share one scale, as do the DQ before and the Q after an
   op that commutes with them (MaxPool and data movement);
 - biases are float constants (TensorRT quantizes them itself);
@@ -91,6 +92,8 @@ def violations(model: onnx.ModelProto) -> list[str]:
                                 f"TensorRT needs {' or '.join(sorted(types))} with 0")
             if scale.size > 1 and not g.from_constant(node):
                 problems.append(f"{node.name}: per-axis scale on an activation")
+            elif scale.size > 1 and node.op_type == "DequantizeLinear":
+                problems += _weight_axis_problems(g, node)
         elif node.op_type == "Concat":
             inputs = [g.dequantized_params(t) for t in node.input]
             outputs = g.quantized_outputs(node.output[0])
@@ -134,6 +137,21 @@ def _quantized_conv_activation(g: Graph, tensor: str) -> bool:
     while conv is not None and conv.op_type == "BatchNormalization":
         conv = g.producer.get(conv.input[0])
     return conv is not None and g.made_by(conv.input[0], "DequantizeLinear") is not None
+
+
+def _weight_axis_problems(g: Graph, dq: onnx.NodeProto) -> list[str]:
+    """A per-axis weight DQ must run along the output channels of each op it feeds as a weight."""
+    axis = next((a.i for a in dq.attribute if a.name == "axis"), 1)
+    problems = []
+    for reader in g.consumers.get(dq.output[0], []):
+        if len(reader.input) < 2 or reader.input[1] != dq.output[0]:
+            continue
+        trans_b = next((a.i for a in reader.attribute if a.name == "transB"), 0)
+        allowed = {"Conv": {0}, "ConvTranspose": {0, 1}, "Gemm": {0 if trans_b else 1}}.get(reader.op_type)
+        if allowed is not None and axis not in allowed:
+            problems.append(f"{dq.name}: per-channel weight axis {axis} for {reader.op_type} {reader.name}, "
+                            f"TensorRT needs {sorted(allowed)}")
+    return problems
 
 
 def _residual_problems(g: Graph, add: onnx.NodeProto) -> list[str]:
