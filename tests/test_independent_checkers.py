@@ -72,6 +72,20 @@ def test_trt_per_channel_weights_run_along_the_output_channels():
         assert (trt_placement.violations(b.model()) == []) == clean, axis
 
 
+def test_trt_maxpool_fan_out_shares_the_q_after_the_pool():
+    """SPP: x feeds a conv and a MaxPool, each through a Q of its own; the pool's Qs agree with each
+    other, and must agree with the conv's too."""
+    for pooled_scale, clean in ((0.1, True), (0.2, False)):
+        b = GraphBuilder()
+        x = b.input("x", [1, 2, 4, 4])
+        a = conv(b, b.qdq(x, 0.1), "conv")
+        pooled = b.node("MaxPool", [b.qdq(x, pooled_scale)], name="pool", kernel_shape=[1, 1])
+        b.node("Concat", [a, b.qdq(pooled, pooled_scale)], ["y"], name="cat", axis=1)
+        b.output("y", [1, 4, 4, 4])
+        found = [v for v in trt_placement.violations(b.model()) if "MaxPool's input" in v]
+        assert (found == []) == clean, found
+
+
 # --- ort ---------------------------------------------------------------------------------------------
 
 

@@ -9,7 +9,8 @@ helpers cannot hide a bug in its rules. The rules are those of the TensorRT cata
   (weight-only); per-axis scales only on constant (weight) paths, along the output channels
   (Conv axis 0, ConvTranspose 1 or, before TensorRT 10.2, 0; Gemm 0 with transB, else 1);
 - a Concat's quantized inputs and output share one scale, as do the DQ before and the Q after an
-  op that commutes with them (MaxPool and data movement);
+  op that commutes with them (MaxPool and data movement), and every Q reading a MaxPool's input
+  (the SPP fan-out) with the Q after it (NVIDIA's yolov7 rules);
 - biases are float constants (TensorRT quantizes them itself);
 - a quantized conv feeding an Add (directly, or through its activation) has a dequantized
   residual input; no Q/DQ between a conv and its Add (ModelOpt's mode) or its activation; after
@@ -104,6 +105,11 @@ def violations(model: onnx.ModelProto) -> list[str]:
             before, after = g.dequantized_params(node.input[0]), g.quantized_outputs(node.output[0])
             if before is not None and any(float(p[0].ravel()[0]) != float(before[0].ravel()[0]) for p in after):
                 problems.append(f"{node.name}: {node.op_type} output Q differs from its input DQ")
+            if node.op_type == "MaxPool" and after:
+                source = _skip_qdq(g, node.input[0])[0]
+                siblings = g.quantized_outputs(source) + g.quantized_outputs(node.input[0])
+                if len({float(p[0].ravel()[0]) for p in after + siblings}) > 1:
+                    problems.append(f"{node.name}: the Qs reading the MaxPool's input and the Q after it differ")
         elif node.op_type == "Add":
             problems += _residual_problems(g, node)
         if g.dequantized_bias(node):
