@@ -19,6 +19,7 @@ from onnx import helper
 
 from qdq import ir
 from qdq.dtypes import quant_type
+from qdq.ops import PER_AXIS_OPSET
 from qdq.quant_index import DEQUANTIZE, QDQ_DOMAINS, QUANTIZE, resolve_constant
 from qdq.requantize import describe
 from qdq.rounding import RoundingCost, along, quantize
@@ -141,21 +142,28 @@ def range_params(low: float, high: float, dtype: str) -> tuple[float, int]:
 
 
 def quantized_weight(ctx: FixContext, consumer: ir.Node, slot: int, axis: int, code: str) -> Change:
-    """Replace a float constant weight by int8 per-channel integers (symmetric, max-abs) and a DQ."""
+    """Replace a float constant weight by int8 per-channel integers (symmetric, max-abs) and a DQ.
+
+    Before opset 13 a DequantizeLinear has one scale, so the weight gets one max-abs scale: raising
+    the model's opset would change what its other ops mean (Squeeze's axes, Split's split)."""
     weight = consumer.inputs[slot]
     scale_type = float_type(weight)  # the DQ gives the scale's type: a float16 model stays float16
     values = np.asarray(weight.values, dtype=np.float64)
     axis = axis % values.ndim
-    others = tuple(i for i in range(values.ndim) if i != axis)
-    amax = np.max(np.abs(values), axis=others) if others else np.abs(values)
+    if ctx.model.opset < PER_AXIS_OPSET:
+        amax, grid = np.max(np.abs(values)), "per-tensor"
+    else:
+        others = tuple(i for i in range(values.ndim) if i != axis)
+        amax, grid = (np.max(np.abs(values), axis=others) if others else np.abs(values)), f"per-channel (axis {axis})"
     scale = np.where(amax > 0, amax / 127.0, 1.0).astype(scale_type)
-    broadcast = along(scale, values.ndim, axis)
+    broadcast = along(scale, values.ndim, axis) if scale.ndim else scale
     q, unclipped = quantize(values, broadcast, 0.0, -127, 127)
     cost = RoundingCost.of(values, q, unclipped, broadcast, 0.0).values()
     read_dequantized(ctx, consumer, slot, q.astype(np.int8), scale, axis)
     sqnr = cost.setdefault("sqnr_db", float("inf"))
-    return Change(code, mention(consumer), weight.name, "float", f"int8 per-channel (axis {axis})",
-                  f"weight quantized from its own values, max-abs per output channel (SQNR {sqnr} dB)", cost)
+    where = "per output channel" if scale.ndim else "one scale (opset < 13 has no per-axis DQ)"
+    return Change(code, mention(consumer), weight.name, "float", f"int8 {grid}",
+                  f"weight quantized from its own values, max-abs {where} (SQNR {sqnr} dB)", cost)
 
 
 def read_dequantized(ctx: FixContext, consumer: ir.Node, slot: int, integers: np.ndarray, scale: np.ndarray,
@@ -163,10 +171,11 @@ def read_dequantized(ctx: FixContext, consumer: ir.Node, slot: int, integers: np
     """Point input `slot` of `consumer` (a float constant) at a new DQ of `integers` (zero-point 0).
 
     `scale` has the constant's float type: 0-d (per tensor), or one element per index of `axis`.
+    Only a per-axis DQ gets the `axis` attribute: DequantizeLinear before opset 13 has none.
     """
     constant = consumer.inputs[slot]
     out = ir.Variable(ctx.new_name(f"{constant.name}_dequantized"), dtype=constant.dtype, shape=list(integers.shape))
-    dequantize = ir.Node(DEQUANTIZE, ctx.new_name(f"{constant.name}_DequantizeLinear"), attrs={"axis": axis}, inputs=[
+    dequantize = ir.Node(DEQUANTIZE, ctx.new_name(f"{constant.name}_DequantizeLinear"), attrs={"axis": axis} if scale.ndim else {}, inputs=[
         ctx.model.new_constant(ctx.new_name(f"{constant.name}_quantized"), integers),
         ir.Constant(ctx.new_name(f"{constant.name}_scale"), scale),
         ir.Constant(ctx.new_name(f"{constant.name}_zero_point"), np.zeros(scale.shape, dtype=integers.dtype)),

@@ -9,4 +9,6 @@ DEQUANTIZE = "DequantizeLinear"
 QDQ_OPS = (QUANTIZE, DEQUANTIZE)
 # onnxruntime's contrib Q/DQ (com.microsoft) has the same semantics, for int16 and int4 before opset 21.
 QDQ_DOMAINS = (None, "", "ai.onnx", "com.microsoft")
+# QuantizeLinear/DequantizeLinear take per-axis scales (and an `axis` attribute) from opset 13 on.
+PER_AXIS_OPSET = 13
 

@@ -27,6 +27,7 @@ from onnx import helper
 
 from qdq import ir, pow2
 from qdq.dtypes import QuantType, quant_type
+from qdq.ops import QUANTIZE
 from qdq.quant_index import QParams, QTensor, resolve_constant, source_values
 from qdq.rounding import RoundingCost, along, cost_sentence, quantize
 from qdq.rule import Change, CheckContext, FixContext, mention
@@ -141,10 +142,24 @@ def why_grid_is_fixed(ctx: CheckContext, qt: QTensor, going: Sequence[ir.Node] =
     if qt.quantize is None and (producer is None or holds(producer)):
         return f"its integers come from {mention(producer)} ({producer.op})" if producer is not None \
             else "its integers come from outside the Q/DQ nodes"
+    if qt.quantize is None and producer is not None and producer.op == "Clip":
+        source = _clipped_source(producer)
+        if source is not None:  # Brevitas's weights: a new scale would leave them as they are
+            return f"its integers are {source} through Clip {mention(producer)} (QDQ509 folds it)"
     for consumer, _ in ctx.index.consumers_through(qt.integer):
         if consumer not in qt.dequantizes and holds(consumer):
             return f"{mention(consumer)} ({consumer.op}) reads its integers"
     return None
+
+
+def _clipped_source(clip: ir.Node) -> str | None:
+    """The tensor a chain of integer Clips ending at `clip` reads, unless a QuantizeLinear writes it
+    (then a new scale re-quantizes the float values and the Clip's bounds stay steps: None)."""
+    tensor = clip.inputs[0]
+    while tensor.inputs and tensor.inputs[0].op == "Clip":
+        tensor = tensor.inputs[0].inputs[0]
+    producer = tensor.inputs[0] if tensor.inputs else None
+    return None if producer is not None and producer.op == QUANTIZE else tensor.name
 
 
 def why_type_is_fixed(ctx: CheckContext, qt: QTensor) -> str | None:

@@ -17,7 +17,8 @@ catalogue (../shared/reference/npu-pow2-constraints.md, sections 1 and 5):
 - int8 bias: `shift_bias = wpos + ipos - bpos` in [min(0, sc - 16), 15], lower bound 0 when the op
   feeds a LeakyRelu (directly, or through one Q→DQ pair); int32 bias: `bpos == ipos + wpos`;
 - HardSigmoid with alpha 1/6 and beta 0.5: ipos in [0, 15], opos >= 7, `14 + ipos - opos` in [0, 31];
-- the swish Mul x·HardSigmoid(x): `ipos0 + ipos1 - opos` in [0, 15].
+- the swish Mul x·HardSigmoid(x): `ipos0 + ipos1 - opos` in [0, 15];
+- LeakyRelu: alpha a multiple of 1/256, the slope the DPU computes (section 7).
 
 `pos = -log2(scale)`. An op's input pos is read from the DequantizeLinear producing the input; its
 output pos from the QuantizeLinear reading its output, or (when there is none) after a single
@@ -57,6 +58,7 @@ HSIG_INPUT = (0, 15)
 HSIG_OUTPUT_MIN = 7
 HSIG_OFFSET, HSIG_SHIFT_MAX = 14, 31
 SWISH = (0, 15)
+LEAKY_RELU_DENOMINATOR = 256
 
 
 def pos_of_scale(scale: np.ndarray | float | None) -> int | None:
@@ -316,6 +318,12 @@ def _check_op(g: _Graph, node: onnx.NodeProto) -> list[str]:
                     low = 0 if g.feeds_leaky_relu(node) else min(0, sc + OUTPUT_BITS - ACCUMULATOR_BITS)
                     if sb < low:
                         found.append(f"[shift-bias] {name}: shift_bias {sb} < {low} (shift_cut {sc})")
+    elif op == "LeakyRelu":
+        attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+        steps = float(attrs.get("alpha", 0.01)) * LEAKY_RELU_DENOMINATOR
+        if steps != round(steps):
+            found.append(f"[leaky-relu] {name}: alpha {attrs.get('alpha', 0.01)!r} is not a multiple of "
+                         f"1/{LEAKY_RELU_DENOMINATOR}, the DPU's slope")
     elif op == "HardSigmoid" and _qualifying_hard_sigmoid(node):
         ipos = g.input_pos(node, 0)
         if ipos is not None and not _within(ipos, HSIG_INPUT):

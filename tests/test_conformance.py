@@ -16,7 +16,10 @@ with qdq's own code:
   reads), and integers another op reads or writes (QLinearConv, QGemm), keep their scale,
   zero-point and type;
 - fix on its own output changes nothing; the input files are unchanged; an output's external
-  data holds only the bytes its tensors reference.
+  data holds only the bytes its tensors reference;
+- a file fix calls lint-clean satisfies the target's rules as an independent checker reads them
+  from the target's catalogue (`npu_constraints.py`, `trt_placement.py`, `ort_node_units.py`:
+  onnx and numpy only, no qdq code); such runs are the matrix's "ok".
 
 The matrix of results (one cell per model and target) is printed at the end of the run.
 """
@@ -33,11 +36,16 @@ import onnx
 import onnxruntime as ort
 import pytest
 
+import npu_constraints
+import ort_node_units
+import trt_placement
 from cli_run import Run, qdq
 
 ROOT = Path(__file__).resolve().parent.parent
 CORPUS = ROOT / "tests" / "corpus"
 TARGETS = ("npu", "trt", "ort")
+# Each target's independent checker of "clean": what it finds wrong in a model (empty when clean).
+CHECKERS = {"npu": npu_constraints.check, "trt": trt_placement.violations, "ort": ort_node_units.check}
 # Two float32 computations of the same SQNR agree to far better than this.
 NUMBER_TOLERANCE = dict(rtol=1e-4, atol=1e-6)
 
@@ -316,4 +324,7 @@ def test_invariants(entry: Entry, target: str, tmp_path: Path, conformance_cell)
     second = qdq("fix", out, "--target", target, "--dry-run", "--no-verify", "--format", "json")
     assert_well_behaved(second, True, "fix of fix's output")
     assert second.json()["changes"] == [], "fix is not idempotent on its own output"
+    if report["passed"] and target in CHECKERS:
+        violations = CHECKERS[target](onnx.load(str(out)))
+        assert violations == [], f"lint-clean, but the independent {target} checker finds: {violations[:5]}"
     conformance_cell["outcome"] = "ok" if report["passed"] else "findings left"

@@ -218,6 +218,20 @@ def test_qdq401_negative(tmp_path):
     no_fix_needed(load(concat([3, 3, 3], 3), tmp_path), "QDQ401")
 
 
+def test_qdq401_float_output_still_needs_one_input_position(tmp_path):
+    """Issue 39 (NNCF YOLOv8n): a Concat whose output a float op reads, with its inputs at
+    positions 6 and 1, was lint-clean; the catalogue's rule 1 holds for its inputs all the same."""
+    b = GraphBuilder()
+    inputs = [act(b, b.input(f"x{i}", [1, 2, 3]), f"x{i}", p) for i, p in enumerate([6, 1])]
+    b.node("Concat", inputs, ["y"], name="cat", axis=1)
+    b.node("Relu", ["y"], ["out"])
+    b.output("out", [1, 4, 3])
+    model = load(b, tmp_path)
+    assert one(model, "QDQ401").tensors == ("x0", "x1")
+    _, m = fix_npu(model, "QDQ401", tmp_path, concat_feeds(2))
+    assert [m.vpos(n) for n in ("x0", "x1")] == [1, 1]
+
+
 def test_qdq401_prefer_output(tmp_path):
     model = load(concat([6, 1], 3), tmp_path)
     changes, m = fix_npu(model, "QDQ401", tmp_path, concat_feeds(2), npu_with(tmp_path, "QDQ401", 'prefer = "output"\n'))

@@ -929,3 +929,51 @@ def test_qdq508_stores_a_one_channel_conv_as_uint8(tmp_path):
     _, path = fix_rule(model, "QDQ508", tmp_path)
     scale, zero_point = node_params(path, "w_dq")
     assert zero_point.dtype == np.uint8 and scale == f32(0.01)
+
+
+def test_narrowed_weights_keep_their_conv_fused(tmp_path):
+    """Issue 39's checker: QDQ508 moved the grid of some output channels and left their int32 bias at
+    the old input × weight scale; onnxruntime then kept those Convs float (11 QLinearConv in the
+    quantizer's MobileNetV2, 5 after the fix). QDQ606 re-scales the biases after it."""
+    source = Path(__file__).parent / "corpus" / "ort" / "mobilenetv2_default.onnx"
+    model = load_model(source)
+    result = fix(model, ORT)
+    assert result.converged and {"QDQ508", "QDQ606"} <= set(result.by_rule())
+    path = tmp_path / "fixed.onnx"
+    save_model(model, path)
+    ops = optimized_ops(path)
+    assert ops["QLinearConv"] == 17 and ops["Conv"] + ops["FusedConv"] == 0, ops
+
+
+def relu6_block(top: float) -> GraphBuilder:
+    """u8 DQ → Conv → Clip(0, 6) → Q(u8, zp 0, range [0, top]) → DQ → y."""
+    b = GraphBuilder()
+    x = act(b, b.input("x", [1, 2, 4, 4]), "x", 0.02, 128, np.uint8)
+    y = b.node("Conv", [x, conv_weight(b, "w", (2, 2, 1, 1))], name="conv")
+    clipped = b.node("Clip", [y, b.init("lo", f32(0.0)), b.init("hi", f32(6.0))], name="relu6")
+    b.node("Identity", [act(b, clipped, "y", top / 255, 0, np.uint8)], ["out"])
+    b.output("out", [1, 2, 4, 4])
+    return b
+
+
+@pytest.mark.parametrize("top, fused", [(6.0, True), (255 / 32, False)])
+def test_a_clip_the_q_does_not_cover_keeps_the_conv_float(tmp_path, top, fused):
+    """Issue 39's checker: Quark's power-of-two ReLU6 outputs (Q range [0, 7.97]) were lint-clean for
+    ort, but onnxruntime absorbs a Clip only when the Q's range lies within it: 12 Convs ran float."""
+    model = load(relu6_block(top), tmp_path)
+    assert [f.node for f in found(model, "QDQ804")] == ([] if fused else ["conv"])
+    assert optimized_ops(tmp_path / "model.onnx")["QLinearConv"] == int(fused)
+
+
+def test_sixteen_bit_activations_are_named_not_rewritten(tmp_path):
+    """Issue 39's checker: a uint16 model was lint-clean for ort, yet onnxruntime's QLinear kernels
+    are 8-bit and not one of its Convs fused. QDQ505 names such values, without a fix."""
+    b = GraphBuilder(opset=21)  # uint16 Q/DQ
+    x = act(b, b.input("x", [1, 2, 4, 4]), "x", 0.0001, 32768, np.uint16)
+    y = b.node("Conv", [x, conv_weight(b, "w", (2, 2, 1, 1))], name="conv")
+    b.node("Identity", [act(b, y, "y", 0.001, 32768, np.uint16)], ["out"])
+    b.output("out", [1, 2, 4, 4])
+    model = load(b, tmp_path)
+    findings = found(model, "QDQ505")
+    assert sorted(f.tensors for f in findings) == [("conv_out",), ("x",)] and all(f.fix is None for f in findings)
+    assert optimized_ops(tmp_path / "model.onnx")["QLinearConv"] == 0

@@ -88,6 +88,31 @@ def test_float_residual_reuses_the_q_the_tensor_already_has(tmp_path):
     assert np.max(np.abs(before[0] - after[0])) <= 0.05 + 1e-6
 
 
+def concat_residual_block() -> GraphBuilder:
+    """Concat(DQ(a), DQ(b)) → Q/DQ → conv2 → SiLU → Add(·, the Concat's float output): NNCF's placement."""
+    b = GraphBuilder()
+    x = b.qdq(b.input("x", [1, 4, 6, 6]), 0.03, name="x")
+    halves = [b.qdq(conv(b, x, f"half{i}", cout=2), 0.05, name=f"half{i}") for i in range(2)]
+    cat = b.node("Concat", halves, ["cat"], name="cat", axis=1)
+    h = conv(b, b.qdq(cat, 0.05, name="cat"), "conv2")
+    silu = b.node("Mul", [h, b.node("Sigmoid", [h], name="sigmoid")], name="silu")
+    b.node("Add", [cat, silu], ["y"], name="add")
+    b.output("y", [1, 4, 6, 6])
+    return b
+
+
+def test_concat_residual_reads_the_q_it_already_has(tmp_path):
+    """Issue 39: integers reach the Add through the Concat, but the Add read its float output while
+    the Concat's own Q/DQ fed conv2; reading that Q (on the inputs' grid) costs nothing."""
+    model, path = load(concat_residual_block(), tmp_path)
+    [finding] = findings_of(model, "QDQ802", "trt")
+    assert finding.tensors == ("cat",) and "cat_q" in finding.message
+    apply_fix(model, "QDQ802", "trt")
+    add = next(n for n in model.graph.nodes if n.name == "add")
+    assert add.inputs[0].inputs[0].inputs[0].inputs[0].name == "cat_q"
+    assert np.array_equal(run_ort(path, FEEDS)[0], fixed_outputs(model, tmp_path)[0])
+
+
 def test_quantized_residual_is_clean(tmp_path):
     model, _ = load(basic_block(residual_qdq=True), tmp_path)
     assert not findings_of(model, "QDQ802", "trt")

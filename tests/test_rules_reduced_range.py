@@ -176,3 +176,51 @@ def test_lint_marks_a_zero_point_move_fixable_once_the_clip_folds():
     assert {f.node for f in alone} == {f.node for f in with_fold} and all(f.fix is None for f in alone)
     changes = fix(load_model(source), without).changes
     assert not [c for c in changes if c.code == "QDQ503" and c.node in behind_clip]
+
+
+# --- Brevitas's clipped weights: stored int8 → Clip → DQ ------------------------------------------
+
+
+def clipped_weight() -> GraphBuilder:
+    """Brevitas `export_onnx_qcdq`: int8 weights → Clip(-127, 127) → DQ(0.0037) → Conv."""
+    b = GraphBuilder(opset=17)
+    x = b.qdq(b.input("x", [1, 2, 4, 4]), 2**-5)
+    b.init("w_int", np.random.default_rng(0).integers(-127, 128, size=(3, 2, 1, 1)).astype(np.int8))
+    bounds = [b.init("w_lo", np.int8(-127)), b.init("w_hi", np.int8(127))]
+    w = b.node("DequantizeLinear", [b.node("Clip", ["w_int", *bounds], name="w_clip"), *b.qparams("w", 0.0037)],
+               name="w_dq")
+    b.output(b.node("Conv", [x, w], ["y"], name="conv"), [1, 3, 4, 4])
+    return b
+
+
+def effective_weight(path: Path) -> np.ndarray:
+    """What the Conv multiplies by, with numpy: the DQ's constant integers (through Clips) × its scale."""
+    model = onnx.load(str(path))
+    producer = {o: n for n in model.graph.node for o in n.output}
+    dq = producer[next(n for n in model.graph.node if n.op_type == "Conv").input[1]]
+    integers = dq.input[0]
+    while integers in producer:  # a Clip of stored integers: their values are already within its bounds here
+        integers = producer[integers].input[0]
+    return initializer(model, integers).astype(np.float64) * initializer(model, dq.input[1])
+
+
+def test_clipped_weights_are_folded_then_rescaled(tmp_path):
+    """Issue 39: QDQ504 moved the DQ's scale to 2^-8 and left the integers behind the Clip (weights
+    ×1.06); folding the Clip first lets the new scale re-quantize them."""
+    path, out = clipped_weight().save(tmp_path / "in.onnx"), tmp_path / "out.onnx"
+    [finding] = findings_of(load_model(path), "QDQ509", "npu")
+    assert "w_int" in finding.message and finding.fix is not None
+    run = qdq("fix", path, "--target", "npu", "-o", out, "--no-verify", "--format", "json")
+    assert run.code == 0, run.err
+    assert [c["code"] for c in run.json()["changes"]] == ["QDQ509", "QDQ504"]
+    before, after = effective_weight(path), effective_weight(out)
+    assert np.max(np.abs(after - before)) <= 2**-8 / 2
+    assert check(out) == []
+
+
+def test_a_scale_behind_a_clip_of_stored_integers_is_not_moved_alone(tmp_path):
+    """With QDQ509 off, no fix may change the DQ's scale and leave the integers: the finding stays."""
+    path, out = clipped_weight().save(tmp_path / "in.onnx"), tmp_path / "out.onnx"
+    run = qdq("fix", path, "--target", "npu", "--ignore", "QDQ509", "-o", out, "--no-verify", "--format", "json")
+    assert run.code == 1 and run.json()["changes"] == []
+    assert [f["code"] for f in run.json()["remaining"] if f["severity"] != "info"] == ["QDQ504"]

@@ -1,8 +1,20 @@
 """An independent check of TensorRT-friendly Q/DQ placement, written from NVIDIA's rules, not from
-qdq's rule code: what the trt tests assert after `qdq fix --target trt`.
+qdq's rule code: what the trt tests and the conformance run assert after `qdq fix --target trt`.
 
 It reads the ONNX graph with plain onnx protobuf (no qdq import) so that a bug in qdq's graph
-helpers cannot hide a bug in its rules.
+helpers cannot hide a bug in its rules. The rules are those of the TensorRT catalogue
+(../shared/reference/tensorrt-qdq.md §1, §3, §6.2 and §14):
+
+- Q/DQ types TensorRT parses: int8, and float8 e4m3, with zero-point 0; int4 only on weights
+  (weight-only); per-axis scales only on constant (weight) paths, along the output channels
+  (Conv axis 0, ConvTranspose 1 or, before TensorRT 10.2, 0; Gemm 0 with transB, else 1);
+- a Concat's quantized inputs and output share one scale, as do the DQ before and the Q after an
+  op that commutes with them (MaxPool and data movement), and every Q reading a MaxPool's input
+  (the SPP fan-out) with the Q after it (NVIDIA's yolov7 rules);
+- biases are float constants (TensorRT quantizes them itself);
+- a quantized conv feeding an Add (directly, or through its activation) has a dequantized
+  residual input; no Q/DQ between a conv and its Add (ModelOpt's mode) or its activation; after
+  an activation, two dequantized inputs share one scale (NVIDIA's yolov7 rules).
 """
 from __future__ import annotations
 
@@ -10,6 +22,9 @@ import numpy as np
 import onnx
 from onnx import numpy_helper
 
+# The integer types TensorRT's DequantizeLinear takes (§14 "Formats"): int4 is weight-only.
+ACTIVATION_TYPES = {"int8", "float8_e4m3fn"}
+WEIGHT_ONLY_TYPES = {"int4"}
 # Ops TensorRT moves Q/DQ through (MaxPool and data movement).
 COMMUTING = {"MaxPool", "Reshape", "Transpose", "Flatten", "Squeeze", "Unsqueeze", "Slice", "Pad", "Resize"}
 # The bias input of the ops that have one: TensorRT takes it as a float constant and quantizes it itself.
@@ -70,11 +85,16 @@ def violations(model: onnx.ModelProto) -> list[str]:
     for node in g.graph.node:
         if node.op_type in ("QuantizeLinear", "DequantizeLinear"):
             scale, zero_point = g.params(node)
-            # int8 with zero-point 0 (an int32 Q/DQ could only be a bias, and biases must be float).
-            if np.any(zero_point != 0) or zero_point.dtype != np.int8:
-                problems.append(f"{node.name}: zero-point {zero_point.ravel()[:3]} of {zero_point.dtype}, TensorRT needs int8 0")
+            # int8 or float8 with zero-point 0, int4 on weights only (an int32 Q/DQ could only be a
+            # bias, and biases must be float).
+            types = ACTIVATION_TYPES | (WEIGHT_ONLY_TYPES if g.from_constant(node) else set())
+            if np.any(zero_point.astype(np.float64) != 0) or str(zero_point.dtype) not in types:
+                problems.append(f"{node.name}: zero-point {zero_point.ravel()[:3]} of {zero_point.dtype}, "
+                                f"TensorRT needs {' or '.join(sorted(types))} with 0")
             if scale.size > 1 and not g.from_constant(node):
                 problems.append(f"{node.name}: per-axis scale on an activation")
+            elif scale.size > 1 and node.op_type == "DequantizeLinear":
+                problems += _weight_axis_problems(g, node)
         elif node.op_type == "Concat":
             inputs = [g.dequantized_params(t) for t in node.input]
             outputs = g.quantized_outputs(node.output[0])
@@ -85,11 +105,59 @@ def violations(model: onnx.ModelProto) -> list[str]:
             before, after = g.dequantized_params(node.input[0]), g.quantized_outputs(node.output[0])
             if before is not None and any(float(p[0].ravel()[0]) != float(before[0].ravel()[0]) for p in after):
                 problems.append(f"{node.name}: {node.op_type} output Q differs from its input DQ")
+            if node.op_type == "MaxPool" and after:
+                source = _skip_qdq(g, node.input[0])[0]
+                siblings = g.quantized_outputs(source) + g.quantized_outputs(node.input[0])
+                if len({float(p[0].ravel()[0]) for p in after + siblings}) > 1:
+                    problems.append(f"{node.name}: the Qs reading the MaxPool's input and the Q after it differ")
         elif node.op_type == "Add":
             problems += _residual_problems(g, node)
         if g.dequantized_bias(node):
             problems.append(f"{node.name}: dequantized bias; TensorRT's parser needs a float constant")
-    return problems + conv_activation_qdq(model)
+    return problems + conv_activation_qdq(model) + activated_residual_problems(model)
+
+
+def activated_residual_problems(model: onnx.ModelProto) -> list[str]:
+    """Adds after a quantized conv's activation: the residual dequantized (§14), on the other input's
+    scale when both are dequantized."""
+    g = Graph(model)
+    problems = []
+    for name, mode in residual_modes(model).items():
+        add = next(n for n in g.graph.node if n.name == name)
+        if mode == "different-scales":
+            problems.append(f"{name}: both inputs dequantized with different scales")
+        elif mode == "float-residual":
+            problems.append(f"{name}: the activated conv input is dequantized but the residual is float")
+        elif mode == "float" and any(_quantized_conv_activation(g, _skip_qdq(g, t)[0]) for t in add.input):
+            problems.append(f"{name}: residual input of a quantized conv's activation is not dequantized")
+    return problems
+
+
+def _quantized_conv_activation(g: Graph, tensor: str) -> bool:
+    """Whether `tensor` is an activation of a conv that reads a DQ (an INT8 conv)."""
+    if not _activated_conv(g, tensor):
+        return False
+    node = g.producer[tensor]
+    x = node.input[0] if node.op_type != "Mul" else _silu_input(g, node)
+    conv = g.producer.get(_skip_qdq(g, x)[0])
+    while conv is not None and conv.op_type == "BatchNormalization":
+        conv = g.producer.get(conv.input[0])
+    return conv is not None and g.made_by(conv.input[0], "DequantizeLinear") is not None
+
+
+def _weight_axis_problems(g: Graph, dq: onnx.NodeProto) -> list[str]:
+    """A per-axis weight DQ must run along the output channels of each op it feeds as a weight."""
+    axis = next((a.i for a in dq.attribute if a.name == "axis"), 1)
+    problems = []
+    for reader in g.consumers.get(dq.output[0], []):
+        if len(reader.input) < 2 or reader.input[1] != dq.output[0]:
+            continue
+        trans_b = next((a.i for a in reader.attribute if a.name == "transB"), 0)
+        allowed = {"Conv": {0}, "ConvTranspose": {0, 1}, "Gemm": {0 if trans_b else 1}}.get(reader.op_type)
+        if allowed is not None and axis not in allowed:
+            problems.append(f"{dq.name}: per-channel weight axis {axis} for {reader.op_type} {reader.name}, "
+                            f"TensorRT needs {sorted(allowed)}")
+    return problems
 
 
 def _residual_problems(g: Graph, add: onnx.NodeProto) -> list[str]:
@@ -103,7 +171,10 @@ def _residual_problems(g: Graph, add: onnx.NodeProto) -> list[str]:
         while node is not None and node.op_type == "BatchNormalization":
             node = g.producer.get(node.input[0])
         single = node is not None and len(g.consumers.get(node.output[0], [])) == 1
-        sides.append((node is not None and node.op_type == "Conv" and single, through_qdq, tensor))
+        # A float conv runs in float whatever its residual: the rule is for INT8 convs.
+        conv = node is not None and node.op_type == "Conv" and single
+        quantized = conv and g.made_by(node.input[0], "DequantizeLinear") is not None
+        sides.append((quantized, through_qdq, tensor))
     conv_sides = [s for s in sides if s[0]]
     if not conv_sides:
         return []

@@ -14,12 +14,13 @@
 - float_by_design: QDQ808-810, what NVIDIA's tools keep float for TensorRT (small GEMMs, graph outputs, Q/DQ before float ops)
 - placement: QDQ801-803, Q/DQ placement around the ops a target fuses (float inputs, residual Adds)
 - node_units: QDQ804-805, ops with dequantized inputs whose output has no Q (onnxruntime node units)
+- cpu_fallback: QDQ811, compute ops outside the quantized graph, which the NPU leaves to the CPU
 - reduced_range: QDQ509, a Clip on the integers between Q and DQ (PyTorch's reduced-range quantizer)
 - strong_typing: QDQ901-903, what a strongly typed TensorRT 11 network builds from the model's float types
 - weight_type: QDQ508, int8 weights a 16-bit pair-sum kernel can saturate, stored as uint8
 """
 
 from qdq.checks import (  # noqa: F401
-    alignment, artefacts, batchnorm, bias, coverage, dpu, float_by_design, formats, lower_bounds, node_units,
-    pairing, placement, qparams, reduced_range, shifts, strong_typing, weight_type,
+    alignment, artefacts, batchnorm, bias, coverage, cpu_fallback, dpu, float_by_design, formats, lower_bounds,
+    node_units, pairing, placement, qparams, reduced_range, shifts, strong_typing, weight_type,
 )

@@ -135,9 +135,10 @@ class ConcatScaleMismatch(_SharedScale):
             output = output_value(ctx.index, node, ctx.params["output_through"], ctx.params["output_through_mul"])
             inputs = [input_value(ctx.index, node, i) for i in range(len(node.inputs))]
             members = _unique(inputs + [output])
-            if output is not None and len(members) > 1:
-                # The output goes last so that `prefer = "output"` and ties find it.
-                yield node, [qt for qt in members if qt is not output] + [output]
+            if len(members) > 1:
+                # The output goes last so that `prefer = "output"` and ties find it. A float
+                # output still needs one scale on the inputs: the concatenated integers share one grid.
+                yield node, [qt for qt in members if qt is not output] + ([output] if output is not None else [])
 
 
 @register

@@ -482,7 +482,9 @@ class ActivationType(Rule):
     DQ of the value: q + 128 with zp + 128 dequantizes to the same numbers. Exact. Integers
     stored in the model (a constant addend that onnxruntime's quantizer writes as int8 beside a
     uint8 activation, which keeps the Add float) get a new constant holding them shifted. Integers
-    read from a graph input, and Q outputs that are graph outputs, are not rewritten.
+    read from a graph input, and Q outputs that are graph outputs, are not rewritten. A 16-bit
+    activation is reported without a fix where no QDQ501 names it: onnxruntime's QLinear kernels
+    are 8-bit, so its node units run in float, and 8 bits would drop the precision it was given.
     """
 
     code = "QDQ505"
@@ -494,6 +496,12 @@ class ActivationType(Rule):
 
     def check(self, ctx: CheckContext) -> Iterable[Finding]:
         for qt, params, kind in _values(ctx):
+            if _wide(ctx, params, kind):
+                yield self.finding(ctx, qt.nodes[0], [ctx.value_name(qt)], subject=qt, fixable=False,
+                                   tensor=ctx.value_name(qt), dtype=type_name(params.elem_type),
+                                   expected=ctx.params["activation_type"],
+                                   how=" (its node units run in float; re-quantize it with 8 bits if that precision will do)")
+                continue
             if not _retyped(ctx, params, kind):
                 continue
             reason = why_type_is_fixed(ctx, qt)
@@ -504,6 +512,13 @@ class ActivationType(Rule):
 
     def fix(self, ctx: FixContext, finding: Finding) -> list[Change]:
         return _retype(ctx, finding.subject, self.code)
+
+
+def _wide(ctx: CheckContext, params: QParams, kind: str) -> bool:
+    """A 16-bit activation where the target's kernels take `activation_type` (8-bit) and no QDQ501
+    of the rule set reports the type."""
+    return (kind == ACTIVATION and ctx.params["activation_type"] in _EIGHT_BIT and "QDQ501" not in ctx.enabled
+            and type_name(params.elem_type) in ("int16", "uint16"))
 
 
 def _retyped(ctx: CheckContext, params: QParams, kind: str) -> bool:

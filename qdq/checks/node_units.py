@@ -17,6 +17,7 @@ from onnx import helper
 
 from qdq import ir
 from qdq.checks.batchnorm import FOLD_PARAMETERS, folded_away
+from qdq.checks.reduced_range import clip_bounds
 from qdq.dtypes import QUANT_TYPES_BY_NAME
 from qdq.errors import RuleSetError
 from qdq.insertion import quantize_for, quantize_hint, read_through
@@ -52,6 +53,28 @@ def _reads_as_quantize(node: ir.Node, tensor: ir.Tensor) -> bool:
 # What QDQ801 and QDQ804 read to leave a tensor to the rule that quantizes it without data
 # (`quantized_without_data`): QDQ204's fold parameters and QDQ805's `ranges` ({} when it is off).
 DEFERRED_PARAMETERS = {**FOLD_PARAMETERS, "ranges": {}}
+
+
+def _clip_within_quantizes(ctx: CheckContext, activation: ir.Node) -> bool:
+    """Whether the Qs after a Clip make its upper bound redundant, as onnxruntime requires to absorb
+    it (IsClipMadeRedundantByQ): each Q's range tops out at or below it. A ReLU6 before a Q whose
+    grid reaches 7.97 clips values the Q would keep, so the Conv before it stays float. (The lower
+    bound, like a Relu's, is QDQ507's: it moves the zero-point there.)"""
+    if activation.op != "Clip":
+        return True
+    high = clip_bounds(ctx, activation)[1]
+    if high is None:
+        return False
+    for quantize, _ in ctx.index.consumers_through(activation.outputs[0]):
+        if quantize.op != QUANTIZE or ctx.index.qtensor_of(quantize) is None:
+            continue  # a float reader is reported as one
+        params = ctx.index.params(quantize)
+        if params.dynamic or params.qtype is None or params.qtype.is_float:
+            return False
+        top = (params.qtype.qmax - params.zero_point.astype(np.float64)) * params.scale.astype(np.float64)
+        if np.any(top > high * (1 + 1e-6)):
+            return False
+    return True
 
 
 @register
@@ -119,7 +142,7 @@ class FloatOutput(Rule):
         """Where the output's Q belongs: after a single absorbable activation, else the output itself."""
         consumers = tensor.outputs
         if len(consumers) == 1 and consumers[0].op in ctx.params["through"] and consumers[0].outputs:
-            if not ctx.index.is_graph_output(tensor):
+            if not ctx.index.is_graph_output(tensor) and _clip_within_quantizes(ctx, consumers[0]):
                 return consumers[0].outputs[0]
         return tensor
 

@@ -280,12 +280,15 @@ class FloatResidual(_ResidualRule):
     def check(self, ctx: CheckContext) -> Iterable[Finding]:
         for node, slot, branch in self.residual_adds(ctx):
             residual = node.inputs[1 - slot]
-            if is_quantized(ctx.index, residual, ctx.params["transparent"]):
+            own = existing_quantize(residual)
+            # Integers reach the Add through ops TensorRT moves DQs through (a Concat of DQs); but a
+            # Q the residual has for other readers is NVIDIA's residual Q/DQ, at no cost: read it.
+            if is_quantized(ctx.index, residual, ctx.params["transparent"]) and (
+                    own is None or ctx.index.dequantize_feeding(residual) is not None):
                 continue
             fixable, how = quantize_hint(ctx, residual)
             # The fused layer writes float, so the Qs after it run alone; and a Q the residual has
             # for other readers runs alone too, since its producer must also write float for the Add.
-            own = existing_quantize(residual)
             standalone = _output_quantizes(ctx, node) + ([mention(own)] if own is not None else [])
             yield self.finding(ctx, node, [residual], subject=(node, 1 - slot), fixable=fixable,
                                residual=residual.name, conv=mention(branch.producer), how=how, standalone=standalone)

@@ -4,6 +4,8 @@ PyTorch's TorchScript exporter writes a fake-quantizer whose range is narrower t
 type (the x86 QAT qconfig's `quint8 [0, 127]`) as `QuantizeLinear → Clip(0, 127) → DequantizeLinear`.
 onnxruntime runs the integer Clip; compilers that fuse Q/DQ pairs see none, and every rule that
 moves the pair's grid must know the Clip is there or clip the new integers at the old bound.
+Brevitas's QCDQ export clips stored weights the same way (`int8 constant → Clip → DQ`): there
+the Clip computes a constant, and folding it lets a new scale re-quantize the stored integers.
 """
 
 from __future__ import annotations
@@ -49,12 +51,14 @@ class ReducedRangeQuantizer(Rule):
     Q and its DQs the grid that spans the same range over the whole type: scale 0.02 · 127 / 255,
     zero-point round(3 · 255 / 127) = 6. Every value keeps its range; values between the old steps
     now round to a step half as wide. A Clip that spans the whole type is removed exactly.
-    Approximate.
+    Approximate. A Clip of stored integers (Brevitas: `int8 weight → Clip(-127, 127) → DQ`)
+    is folded: the DQ reads the clipped integers as a constant, exactly, and a fix that changes
+    its scale then re-quantizes them (left behind the Clip, the weights would scale with it).
     """
 
     code = "QDQ509"
     name = "reduced-range-quantizer"
-    message = "Clip {clip} narrows the {dtype} integers of QuantizeLinear {quantize} to [{low}, {high}]"
+    message = "Clip {clip} narrows the {dtype} integers of {quantize} to [{low}, {high}]"
     severity = Severity.WARNING
     fix_safety = FixSafety.APPROXIMATE
 
@@ -65,12 +69,24 @@ class ReducedRangeQuantizer(Rule):
                 low, high = _integer_range(ctx, clips, qtype)
                 yield self.finding(
                     ctx, clips[0], [ctx.value_name(qt)], subject=(qt, clips, readers), fixable=fixable,
-                    clip=", ".join(mention(c) for c in clips), quantize=mention(qt.quantize), dtype=qtype.name,
-                    low=_text(low), high=_text(high),
+                    clip=", ".join(mention(c) for c in clips), quantize=f"QuantizeLinear {mention(qt.quantize)}",
+                    dtype=qtype.name, low=_text(low), high=_text(high),
+                )
+            clips, stored = _clipped_constant(qt)
+            if clips:
+                qtype = ctx.index.params(qt.dequantizes[0]).qtype
+                low, high = _integer_range(ctx, clips, qtype)
+                yield self.finding(
+                    ctx, clips[-1], [ctx.value_name(qt)], subject=(qt, clips, None),
+                    fixable=low is not None and high is not None and not ctx.index.is_graph_output(qt.integer),
+                    clip=", ".join(mention(c) for c in clips), quantize=f"the stored {stored.name}",
+                    dtype=qtype.name, low=_text(low), high=_text(high),
                 )
 
     def fix(self, ctx: FixContext, finding: Finding) -> list[Change]:
         qt, clips, readers = finding.subject
+        if readers is None:
+            return _fold_clipped_constant(ctx, qt, clips, finding, self.code)
         params = ctx.index.params(qt.quantize)
         qtype = params.qtype
         low, high = _integer_range(ctx, clips, qtype)
@@ -97,6 +113,31 @@ class ReducedRangeQuantizer(Rule):
         for change in changes:
             change.values.update(old_range=list(old_range), new_range=list(new_range))
         return changes
+
+
+def _clipped_constant(qt: QTensor) -> tuple[list[ir.Node], ir.Tensor | None]:
+    """The integer Clips (first to last) between stored integers and the DQs of `qt`, and the constant."""
+    clips: list[ir.Node] = []
+    tensor = qt.integer
+    while qt.quantize is None and len(tensor.inputs) == 1 and tensor.inputs[0].op == "Clip" and tensor.inputs[0].inputs:
+        clips.insert(0, tensor.inputs[0])
+        tensor = tensor.inputs[0].inputs[0]
+    source = resolve_constant(tensor) if clips else None
+    return (clips, tensor) if source is not None else ([], None)
+
+
+def _fold_clipped_constant(ctx: FixContext, qt: QTensor, clips: list[ir.Node], finding: Finding,
+                           code: str) -> list[Change]:
+    """Point the DQs at the integers the Clips compute, stored as a constant: exact."""
+    stored = clips[0].inputs[0]
+    values = source_values(ctx.model, resolve_constant(stored))
+    low, high = _integer_range(ctx, clips, ctx.index.params(qt.dequantizes[0]).qtype)
+    folded = ctx.model.new_constant(ctx.new_name(f"{stored.name}_clipped"), np.clip(values, low, high).astype(values.dtype))
+    for dq in qt.dequantizes:
+        ctx.edits.set_input(dq, 0, folded)
+    clip = finding.values["clip"]
+    return [Change(code, mention(clips[-1]), ctx.value_name(qt), f"{stored.name} → Clip {clip}", folded.name,
+                   f"Clip {clip} of stored integers folded into a constant, so a new scale re-quantizes them")]
 
 
 def _folds(ctx: CheckContext, qt: QTensor) -> Iterator[tuple[list[ir.Node], list[QTensor | None], bool]]:

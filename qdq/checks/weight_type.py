@@ -17,6 +17,7 @@ from onnx import TensorProto
 
 from qdq.dtypes import type_name
 from qdq.errors import RuleSetError
+from qdq.ops import PER_AXIS_OPSET
 from qdq.operands import WEIGHT_INPUT, input_value, output_channel_axis
 from qdq.quant_index import PER_TENSOR, QParams, QTensor, resolve_constant, source_values
 from qdq.requantize import set_params, why_type_is_fixed
@@ -27,8 +28,6 @@ _FROM, _TO, _SHIFT = TensorProto.INT8, TensorProto.UINT8, 128
 # The narrowest grid the narrowing fix needs, |w| ≤ 63: 2 · 255 · 63 = 32130 never saturates.
 _SEVEN_BIT = 63
 _FIXES = ("7-bit", "uint8")
-# DequantizeLinear takes per-axis scales from opset 13 on.
-_PER_AXIS_OPSET = 13
 # What the kernel multiplies the weights by: any uint8 (an int8 input is moved up by 128 first).
 _INPUT_MAX = 255
 
@@ -146,7 +145,7 @@ class SaturatingWeightType(Rule):
         scale = np.broadcast_to(params.scale.astype(np.float64).ravel(), at_risk.shape).copy()
         real = integers.ravel().astype(np.float64)[order] * scale[:, None]
         chosen = integers.ravel().copy()
-        if params.scale.size == 1 and ctx.model.opset < _PER_AXIS_OPSET:  # one scale for every channel
+        if params.scale.size == 1 and ctx.model.opset < PER_AXIS_OPSET:  # one scale for every channel
             k, scale, rows, moved = nearest_safe_weights(real, float(scale[0]), most, ctx.params["input_mean_ratio"])
             chosen[order] = rows
             reason = (f"nearest int8 weights with no adjacent pair above {most} (one scale before opset 13, "
