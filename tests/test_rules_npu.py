@@ -17,7 +17,7 @@ import numpy as np
 import onnx
 import pytest
 from builders import GraphBuilder
-from conftest import findings_of, run_ort
+from conftest import apply_fix, findings_of, run_ort
 from onnx import TensorProto, helper, numpy_helper
 
 from qdq.fix import fix
@@ -1066,3 +1066,28 @@ def test_d6_fix_runs_to_a_fixed_point(tmp_path):
     assert 0 <= m.vpos("d") + m.vpos("e") - m.vpos("m") <= 32
     again = fix(load_model(out), load_target("npu"))
     assert again.changes == [] and again.rounds == 1 and again.converged
+
+
+def test_bias_scale_fix_on_a_gemm_bias_of_shape_1xN(tmp_path):
+    """tf2onnx writes a Gemm's bias as [1, N] (magika): with a per-channel weight (N scales along the
+    weight's axis 1, transB = 0) the bias's channels run along its last axis, not axis 0."""
+    b = GraphBuilder(opset=13)
+    x = act(b, b.input("x", [2, 4]), "x", scale=f32(0.05))
+    w_scale = np.linspace(0.01, 0.02, 3, dtype=np.float32)
+    w = b.node("DequantizeLinear", [b.init("w_q", weight_ints((4, 3))), b.init("w_s", w_scale),
+                                    b.init("w_zp", np.zeros(3, np.int8))], name="w_dq", axis=1)
+    bias = b.node("DequantizeLinear", [b.init("b_q", np.array([[100, -50, 25]], np.int32)),
+                                       b.init("b_s", np.float32(0.0007)), b.init("b_zp", np.int32(0))], name="b_dq")
+    b.node("Gemm", [x, w, bias], ["y"], name="gemm")
+    b.output("y", [2, 3])
+    path = b.save(tmp_path / "gemm.onnx")
+    model = load_model(path)
+    [change] = apply_fix(model, "QDQ606", "ort")  # a per-channel bias scale: onnxruntime takes one
+    save_model(model, tmp_path / "fixed.onnx")
+    fixed = onnx.load(str(tmp_path / "fixed.onnx"))
+    gemm = next(n for n in fixed.graph.node if n.op_type == "Gemm")
+    dq = next(n for n in fixed.graph.node if n.output[0] == gemm.input[2])
+    scale = next(numpy_helper.to_array(t) for t in fixed.graph.initializer if t.name == dq.input[1])
+    np.testing.assert_allclose(scale, np.float32(0.05) * w_scale, rtol=1e-6)
+    assert next(a.i for a in dq.attribute if a.name == "axis") == 1 and change.code == "QDQ606"
+    onnx.checker.check_model(fixed, full_check=True)

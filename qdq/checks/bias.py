@@ -102,7 +102,10 @@ def _operands(ctx: CheckContext, node) -> tuple[QTensor, np.ndarray, int] | None
     expected = _accumulator_scale(ctx.index, node) if bias is not None else None
     if expected is None:
         return None
-    return bias, expected, 0
+    # The output channels run along the bias's last axis: a Conv's bias is 1-D, and a Gemm's may be
+    # [1, N] (tf2onnx writes it so), where axis 0 would give the scales the wrong shape.
+    rank = len(bias.integer.shape or ())
+    return bias, expected, max(rank - 1, 0)
 
 
 def _bias(index: QuantIndex, node: ir.Node) -> QTensor | None:
