@@ -109,3 +109,19 @@ def test_ort_session_phases_finds_every_phase_in_onnxruntimes_log(tmp_path, caps
     assert all(value >= 0 for value in seconds.values()) and seconds["total"] > 0
     assert abs(sum(v for phase, v in seconds.items() if phase != "total") - seconds["total"]) < 1e-6
     assert str(model) in capsys.readouterr().out
+
+
+def test_verdict_benchmark_measures_a_fix_against_the_task(tmp_path, capsys):
+    """benchmarks/verdict.py on one corpus model: top-1 figures and both verdicts for a row, and the grid."""
+    import pytest
+
+    pytest.importorskip("torch", reason="benchmarks/verdict.py re-makes the digits split with PyTorch")
+    pytest.importorskip("sklearn", reason="the digits come with scikit-learn")
+    verdict = load("verdict")
+    out = tmp_path / "verdict.json"
+    verdict.main(["--limit", "1", "--targets", "trt", "--json", str(out)])
+    document = json.loads(out.read_text())
+    [row] = document["rows"]
+    assert 80 < row["top1_float"] <= 100 and row["random_input_to_twin"] is not None
+    assert {"random_passed", "digits_passed", "digits_fixed_to_twin"} <= set(row)
+    assert len(document["agreement"]["digits"]) == len(verdict.MARGINS) * len(verdict.EPSILONS)
