@@ -8,9 +8,10 @@ step that moves positions to the NPU's rules). Calibration: the 16 samples of
 `../data/TASK_calib.npz`, one per batch. Quark writes `quantized_info.csv` into the working
 directory, so the script works in a temporary directory.
 
-Quark must not go into the project's environment. Its ONNX quantizer needs no torch:
+Quark must not go into the project's environment. Run it from a scratch venv that sees the
+project's CPU torch 2.13 (quark.onnx imports torch; PyPI's torch wheel pulls CUDA):
 
-    python3 -m venv /tmp/venv-quark
+    python3 -m venv --system-site-packages /tmp/venv-quark
     /tmp/venv-quark/bin/pip install amd-quark==0.13 onnxruntime==1.28.0 onnx==1.22.0 onnx_ir
     /tmp/venv-quark/bin/python tests/trained/quark/make.py
 """
