@@ -80,11 +80,15 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as workdir:
         os.chdir(workdir)
         try:
-            for model in models:
+            for model in models:  # the manifest is rewritten after each model: a long run keeps what it made
                 manifest.append(quantize(model))
                 print(json.dumps(manifest[-1], default=str), flush=True)
+                write(manifest)
         finally:
             os.chdir(start)
+
+
+def write(manifest: list[dict]) -> None:
     (HERE / "manifest.json").write_text(json.dumps(manifest, indent=1, default=str) + "\n")
     (HERE / ".gitignore").write_text("".join(f"{e['file']}\n" for e in manifest if not e.get("committed", True)))
 
