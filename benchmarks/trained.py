@@ -118,7 +118,7 @@ def table(results: list[dict]) -> str:
         if r["traceback"]:
             notes.append("TRACEBACK")
         if r.get("fix_error"):
-            notes.append(r["fix_error"])
+            notes.append("exit 2: " + r["fix_error"].split(": ", 3)[-1])  # without "qdq: error: PATH"
         if r.get("second_fix_changes") not in (None, 0):
             notes.append(f"second fix: {r['second_fix_changes']} changes")
         if r.get("valid", "ok") != "ok":
