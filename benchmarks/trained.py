@@ -8,7 +8,9 @@ target's greedy position search costs up to 200 fixes and 200 × 16 runs, over 1
 detector), whether
 it printed a traceback, whether a file was written, whether that file passes
 `onnx.checker.check_model(full_check=True)` and loads in onnxruntime, its task metric, the exit
-code of lint on it, and how many changes a second fix (`--dry-run`) would make.
+code of lint on it, how many changes a second fix (`--dry-run`) would make, and the verdict
+`qdq verify MODEL OUT --target T` gives on random inputs and on the task's evaluation set
+(`--inputs`), with both distances from the float twin: does the verdict agree with the task?
 It prints one JSON row per file and target as it goes, and writes them all with `--json`.
 
     python benchmarks/trained.py [--json results.json] [--only SUBSTRING] [--table]
@@ -104,12 +106,40 @@ def rows(only: str):
                     second = qdq("fix", str(out), "--target", target, "--dry-run", "--no-verify", "--format", "json")
                     row["second_fix_changes"] = (len(json.loads(second.stdout)["changes"])
                                                  if second.returncode != 2 else "exit 2")
+                    row["verdict_random"] = verdict(model, out, target)
+                    row["verdict_eval"] = verdict(model, out, target, "--inputs", str(TRAINED / "data" / f"{task}_eval.npz"))
             yield row
 
 
+def verdict(model: Path, out: Path, target: str, *inputs: str) -> dict:
+    """What `qdq verify` says of the pair: passed, whether every output was evidence, the twin distances."""
+    run = qdq("verify", str(model), str(out), "--target", target, "--format", "json", *inputs)
+    if run.returncode == 2:
+        return {"error": (run.stderr.strip().splitlines() or [""])[-1][:240]}
+    document = json.loads(run.stdout)
+    rows = document["outputs"]
+    twin = [o for o in rows if o["input_to_twin"] is not None]
+    return {"passed": document["passed"], "evidence": all(o["evidence"] for o in rows),
+            "input_to_twin": max((float(o["input_to_twin"]) for o in twin), default=None),
+            "fixed_to_twin": max((float(o["candidate_to_twin"]) for o in twin), default=None)}
+
+
+def judged(v: dict | None) -> str:
+    """A verdict cell: PASS/FAIL/no evidence with input→twin → fixed→twin."""
+    if not v:
+        return "—"
+    if "error" in v:
+        return "exit 2"
+    word = "PASS" if v["passed"] else ("no evidence" if not v["evidence"] else "FAIL")
+    if v["input_to_twin"] is None:
+        return f"{word} (no twin)"
+    return f"{word} {v['input_to_twin']:.3f}→{v['fixed_to_twin']:.3f}"
+
+
 def table(results: list[dict]) -> str:
-    lines = ["| file | task | float | input | target | lint | fix | fixed | lint after | notes |",
-             "|---|---|---|---|---|---|---|---|---|---|"]
+    lines = ["| file | task | float | input | target | lint | fix | fixed | lint after | verdict, random | "
+             "verdict, eval set | notes |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in results:
         def show(figures):
             value = headline(r["task"], figures) if figures and "error" not in figures else None
@@ -127,7 +157,7 @@ def table(results: list[dict]) -> str:
             notes.append("input refused by onnxruntime")
         lines.append(f"| {r['file']} | {r['task']} | {show(r['float'])} | {show(r['input'])} | {r['target']} | "
                      f"{r['lint_exit']} | {r['fix_exit']} | {show(r.get('fixed'))} | {r.get('lint_after', '—')} | "
-                     f"{'; '.join(notes)} |")
+                     f"{judged(r.get('verdict_random'))} | {judged(r.get('verdict_eval'))} | {'; '.join(notes)} |")
     return "\n".join(lines)
 
 

@@ -116,22 +116,8 @@ def judge(
     if twin.model is not None and samples is None:
         watch(twin)  # the twin also outputs what its quantizers read: random inputs are chosen on it
     twin_source = _twin_source(twin, reference) if twin.model is not None else None
-    attempts = [samples] if samples is not None else [None, "full range"]
-    for attempt in attempts:
-        twin_out = None
-        if attempt is None:
-            samples, inputs_label, twin_out = meant_inputs(reference, candidate, twin, twin_source, criterion,
-                                                           seed, shapes)
-        elif attempt == "full range":  # the meant inputs told nothing: white noise over the input range
-            log.info("the reference's outputs carry no information on %s; trying the input range whole",
-                     inputs_label)
-            samples, inputs_label, twin_out = meant_inputs(reference, candidate, Twin(None, 0), None, criterion,
-                                                           seed + 1, shapes)
-        ref_out, cand_out, ran_twin = _run_models(reference, candidate, twin_source if twin_out is None else None,
-                                                  samples, optimized, inputs_label)
-        twin_out = twin_out if twin_out is not None else ran_twin
-        if all(_evidence(name, ref_out, twin_out, len(samples)) for name in ref_out):
-            break
+    samples, inputs_label, (ref_out, cand_out, twin_out) = _observe(
+        reference, candidate, twin, twin_source, criterion, samples, inputs_label, seed, shapes, optimized)
     result = VerifyResult(
         reference=str(reference), candidate=str(candidate), inputs=inputs_label, atol=criterion.atol,
         rtol=criterion.rtol, min_sqnr=criterion.min_sqnr,
@@ -159,6 +145,23 @@ def judge(
             row.passed = row.passed and row.evidence and row.sqnr_db >= criterion.fallback_min_sqnr
         result.outputs.append(row)
     return result
+
+
+def _observe(reference: Path, candidate: Path, twin: Twin, twin_source, criterion: Criterion, samples: list | None,
+             label: str, seed: int, shapes: dict | None, optimized: bool):
+    """(samples, label, (input's, candidate's, twin's outputs)) on the user's samples; without them on random
+    inputs the model is meant to see, and when those tell nothing, on white noise over the whole input range."""
+    if samples is not None:
+        return samples, label, _run_models(reference, candidate, twin_source, samples, optimized, label)
+    for chosen, source, first in ((twin, twin_source, seed), (Twin(None, 0), None, seed + 1)):
+        samples, label, twin_out = meant_inputs(reference, candidate, chosen, source, criterion, first, shapes)
+        ref_out, cand_out, ran_twin = _run_models(reference, candidate, twin_source if twin_out is None else None,
+                                                  samples, optimized, label)
+        outputs = ref_out, cand_out, twin_out if twin_out is not None else ran_twin
+        if all(_evidence(name, ref_out, outputs[2], len(samples)) for name in ref_out):
+            break
+        log.info("the reference's outputs carry no information on %s; trying the input range whole", label)
+    return samples, label, outputs
 
 
 def informative(values: np.ndarray) -> bool:
