@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import re
+import subprocess
 from pathlib import Path
 
+import pytest
 from cli_run import qdq
 
 REPO = Path(__file__).resolve().parent.parent
@@ -21,3 +24,13 @@ def test_trt_reports_the_uint8_activations_asymmetric_zero_points_once_with_what
     assert sorted(asymmetric[0]["tensors"]) == sorted(t for f in retyped for t in f["tensors"])
     message = asymmetric[0]["message"]
     assert "16 uint8 activations" in message and message.endswith("the target needs int8 with zero-point 0")
+
+
+def test_the_pre_commit_snippet_pins_a_revision_that_exists():
+    """docs/ci.md's `rev:` is a tag or a commit of this repository (it once named a tag never made)."""
+    (rev,) = re.findall(r"^\s+rev: (\S+)", (REPO / "docs" / "ci.md").read_text(), flags=re.M)
+    git = subprocess.run(["git", "-C", str(REPO), "rev-parse", "--is-inside-work-tree"], capture_output=True)
+    if git.returncode != 0:
+        pytest.skip("not a git checkout: the revision cannot be looked up")
+    found = subprocess.run(["git", "-C", str(REPO), "cat-file", "-e", f"{rev}^{{commit}}"], capture_output=True)
+    assert found.returncode == 0, f"docs/ci.md pins rev {rev}, which is neither a tag nor a commit of qdq"
