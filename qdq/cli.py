@@ -39,6 +39,14 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def subcommands(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:
+    """Each command's parser by the name a user types (`inspect-engine`, not the module's `inspect_engine`)."""
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            return dict(action.choices)
+    return {}
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run one command; return the exit code (never raises SystemExit, so callers can test it)."""
     parser = build_parser()
@@ -47,7 +55,7 @@ def main(argv: list[str] | None = None) -> int:
     except SystemExit as exc:  # usage errors (already reported on one line), --help, --version
         return exc.code if isinstance(exc.code, int) else EXIT_USAGE
     if args.command is None:
-        commands = ", ".join(command.__name__.rsplit(".", 1)[-1] for command in COMMANDS)
+        commands = ", ".join(subcommands(parser))
         sys.stderr.write(f"qdq: error: no command given (choose from {commands}; see `qdq --help`)\n")
         return EXIT_USAGE
     setup_logging(args)

@@ -34,3 +34,13 @@ def test_the_pre_commit_snippet_pins_a_revision_that_exists():
         pytest.skip("not a git checkout: the revision cannot be looked up")
     found = subprocess.run(["git", "-C", str(REPO), "cat-file", "-e", f"{rev}^{{commit}}"], capture_output=True)
     assert found.returncode == 0, f"docs/ci.md pins rev {rev}, which is neither a tag nor a commit of qdq"
+
+
+def test_qdq_without_a_command_suggests_commands_that_exist():
+    """Every command `qdq` suggests is one it accepts (it once suggested `inspect_engine`)."""
+    run = qdq()
+    assert run.code == 2 and run.out == ""
+    suggested = re.search(r"choose from ([^;]+);", run.err).group(1).split(", ")
+    assert "inspect-engine" in suggested
+    for command in suggested:
+        assert qdq(command, "--help").code == 0, command
