@@ -44,3 +44,21 @@ def test_qdq_without_a_command_suggests_commands_that_exist():
     assert "inspect-engine" in suggested
     for command in suggested:
         assert qdq(command, "--help").code == 0, command
+
+
+DEMO = REPO / "examples" / "models" / "demo_fx_qat.onnx"
+
+
+def test_lint_to_a_file_says_on_the_terminal_what_the_file_holds(tmp_path):
+    report = tmp_path / "report.sarif"
+    run = qdq("lint", DEMO, "--target", "npu", "--format", "sarif", "-o", report)
+    assert run.code == 1 and run.out == ""
+    assert run.err.startswith(f"qdq: wrote {report}: Found 11 findings") and run.err.count("\n") == 1
+    assert qdq("lint", DEMO, "--target", "npu", "-o", report, "-q").err == ""
+
+
+def test_writing_a_baseline_prints_the_summary_not_every_finding(tmp_path):
+    run = qdq("lint", DEMO, "--target", "npu", "--write-baseline", tmp_path / "baseline.json")
+    assert run.code == 0
+    assert run.out.startswith("Found 11 findings") and run.out.count("\n") == 1
+    assert run.err == f"qdq: wrote {tmp_path / 'baseline.json'}: the baseline records 11 findings\n"

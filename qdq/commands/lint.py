@@ -25,6 +25,7 @@ from qdq.lint import LintReport, Unreadable, lint
 from qdq.model import load_model
 from qdq.paths import model_paths
 from qdq.reports import FORMATS, render
+from qdq.reports.text import summary_line
 from qdq.ruleset import RuleSet
 from qdq.suppression import drop_ignored
 
@@ -81,7 +82,14 @@ def run(args: argparse.Namespace) -> int:
             sys.stderr.write(f"qdq: wrote {args.write_baseline}: the baseline records {recorded} finding{plural}\n")
     elif baseline is not None:
         report.baselined = drop_baselined(report.results, baseline, args.baseline)
-    emit(args.output, render(report, args.format, fail_on=fail_on))
+    if args.write_baseline is not None and args.output is None and args.format == "text":
+        # The findings went into the baseline; the terminal gets what was recorded, not every line again.
+        sys.stdout.write(summary_line(report, fail_on) + "\n")
+    else:
+        emit(args.output, render(report, args.format, fail_on=fail_on))
+    if args.output is not None and not args.quiet:
+        # The report went to a file: the terminal still says what it holds.
+        sys.stderr.write(f"qdq: wrote {args.output}: {summary_line(report, fail_on)}\n")
     if report.unreadable:
         return EXIT_UNREADABLE
     failing = report.failing(fail_on)
