@@ -62,3 +62,42 @@ def test_writing_a_baseline_prints_the_summary_not_every_finding(tmp_path):
     assert run.code == 0
     assert run.out.startswith("Found 11 findings") and run.out.count("\n") == 1
     assert run.err == f"qdq: wrote {tmp_path / 'baseline.json'}: the baseline records 11 findings\n"
+
+
+def test_explain_takes_a_rule_name_as_well_as_its_code():
+    by_name, by_code = qdq("explain", "float-bias"), qdq("explain", "QDQ610")
+    assert by_name.code == 0 and by_name.out == by_code.out and by_name.out.startswith("QDQ610 float-bias\n")
+    unknown = qdq("explain", "no-such-rule")
+    assert unknown.code == 2 and unknown.err.count("\n") == 1 and "neither a code nor a name" in unknown.err
+
+
+def test_rules_all_lists_every_rule_and_marks_those_the_set_does_not_run():
+    listed, every = qdq("rules", "--target", "ort"), qdq("rules", "--target", "ort", "--all")
+    count = int(re.search(r"^(\d+) rules\.", every.out, flags=re.M).group(1))
+    assert count == len(qdq("rules", "--target", "ort", "--all", "--format", "json").json()["rules"])
+    assert count > int(re.search(r"^(\d+) rules\.", listed.out, flags=re.M).group(1))
+    assert "QDQ808" not in listed.out and re.search(r"QDQ808 .*\(not in 'ort'\)$", every.out, flags=re.M)
+
+
+def test_inspect_takes_folders_as_lint_does(tmp_path):
+    run = qdq("inspect", REPO / "examples" / "models", "--format", "json")
+    assert run.code == 0 and run.json()["model"]["path"].endswith("demo_fx_qat.onnx")
+    empty = qdq("inspect", tmp_path)
+    assert empty.code == 2 and "no .onnx model in this directory" in empty.err
+
+
+def test_verbose_says_which_pyproject_was_read_and_vv_adds_each_rule(tmp_path, monkeypatch):
+    (tmp_path / "pyproject.toml").write_text('[tool.qdq]\ntarget = "npu"\n')
+    monkeypatch.chdir(tmp_path)
+    once, twice = qdq("lint", DEMO, "-v"), qdq("lint", DEMO, "-vv")
+    assert f"read [tool.qdq] from {tmp_path / 'pyproject.toml'}" in once.err and "rule set 'npu'" in once.err
+    assert "QDQ610 float-bias: 6 finding(s) in" not in once.err and "QDQ610 float-bias: 6 finding(s) in" in twice.err
+
+
+def test_an_unknown_target_in_pyproject_names_the_file(tmp_path, monkeypatch):
+    (tmp_path / "pyproject.toml").write_text('[tool.qdq]\ntarget = "nppu"\n')
+    monkeypatch.chdir(tmp_path)
+    run = qdq("lint", DEMO)
+    assert run.code == 2 and run.out == ""
+    assert run.err == (f"qdq: error: {tmp_path / 'pyproject.toml'}: [tool.qdq] target: unknown target 'nppu' "
+                       "(known: common, npu, ort, trt, trt8)\n")
