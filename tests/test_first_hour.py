@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import os
 import re
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -101,3 +103,21 @@ def test_an_unknown_target_in_pyproject_names_the_file(tmp_path, monkeypatch):
     assert run.code == 2 and run.out == ""
     assert run.err == (f"qdq: error: {tmp_path / 'pyproject.toml'}: [tool.qdq] target: unknown target 'nppu' "
                        "(known: common, npu, ort, trt, trt8)\n")
+
+
+def test_inspect_engine_header_of_a_names_only_file_says_the_version_is_unknown():
+    run = qdq("inspect-engine", REPO / "tests" / "fixtures" / "trt" / "trt8.5-layer-names-only-qat-yolo" / "layer_info.json")
+    header = run.out.splitlines()[0]
+    assert header.endswith("[TensorRT version unknown, names only]")
+
+
+def _python(*argv: str) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    return subprocess.run([sys.executable, *argv], capture_output=True, text=True, env=env, timeout=120)
+
+
+def test_the_scale_benchmark_generator_explains_itself():
+    run = _python(str(REPO / "benchmarks" / "scale_models.py"), "--help")
+    assert run.returncode == 0 and "ladder" in run.stdout and "external" in run.stdout and run.stderr == ""
+    wrong = _python(str(REPO / "benchmarks" / "scale_models.py"), "ladder")
+    assert wrong.returncode == 2 and "Traceback" not in wrong.stderr
