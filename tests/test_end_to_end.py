@@ -11,8 +11,9 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from optional import torch_or_skip
 
-torch = pytest.importorskip("torch")
+torch = torch_or_skip()
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "examples"))
 

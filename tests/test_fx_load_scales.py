@@ -15,6 +15,7 @@ from pathlib import Path
 import numpy as np
 import onnx_graphsurgeon as gs
 import pytest
+from optional import torch_or_skip
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -38,7 +39,7 @@ def test_core_imports_and_lints_without_torch() -> None:
     assert "--extra-index-url https://download.pytorch.org/whl/cpu" in last  # the CPU build, not CUDA's gigabytes
 
 
-torch = pytest.importorskip("torch")
+torch = torch_or_skip()
 
 from torch import nn  # noqa: E402
 from torch.ao.quantization.quantize_fx import prepare_qat_fx  # noqa: E402
