@@ -121,3 +121,17 @@ def test_the_scale_benchmark_generator_explains_itself():
     assert run.returncode == 0 and "ladder" in run.stdout and "external" in run.stdout and run.stderr == ""
     wrong = _python(str(REPO / "benchmarks" / "scale_models.py"), "ladder")
     assert wrong.returncode == 2 and "Traceback" not in wrong.stderr
+
+
+def test_the_torch_pin_accepts_pytorchs_cpu_build_the_readme_points_to():
+    """README: add PyTorch's CPU wheel index and pip installs `2.13.0+cpu`; the pin must accept it."""
+    from packaging.requirements import Requirement
+
+    pins = [Requirement(line) for line in (REPO / "constraints.txt").read_text().splitlines()
+            if line.strip() and not line.startswith("#")]
+    (torch,) = [pin for pin in pins if pin.name == "torch"]
+    version = str(torch.specifier).removeprefix("==")
+    assert torch.specifier.contains(f"{version}+cpu")
+    readme = (REPO / "README.md").read_text()
+    assert "`--extra-index-url`" in readme and "`https://download.pytorch.org/whl/cpu`" in readme
+    assert f"`torch {version}+cpu`" in readme
