@@ -135,3 +135,13 @@ def test_the_torch_pin_accepts_pytorchs_cpu_build_the_readme_points_to():
     readme = (REPO / "README.md").read_text()
     assert "`--extra-index-url`" in readme and "`https://download.pytorch.org/whl/cpu`" in readme
     assert f"`torch {version}+cpu`" in readme
+
+
+def test_the_readme_compare_example_runs_on_the_shipped_engines():
+    """The files the README's compare command names ship in examples/engines/, with their licence."""
+    engines = REPO / "examples" / "engines"
+    run = qdq("compare", engines / "residuals_qat.json", engines / "qat.json",
+              "--profile-a", engines / "residuals_qat.profile.json", "--profile-b", engines / "qat.profile.json")
+    assert run.code == 0
+    assert re.search(r"^  layers \(without NoOp/Constant\) +57 +72 +\+15$", run.out, flags=re.M)
+    assert (engines / "LICENSE-Apache-2.0.txt").read_text().startswith("\n                                 Apache License")
