@@ -158,6 +158,9 @@ def lint(
             findings.extend(predict(finding, cfg) for finding in (rule.check(ctx) if known is None else known))
             log.debug("%s %s: %d finding(s) in %.1f ms", rule.code, rule.name, len(findings) - before,
                       1000 * (time.perf_counter() - start))
+            assumed = rule.assumption(ctx)
+            if assumed:
+                notes.append(assumed)
         # Stable sort: a rule's findings on one node stay in the order the rule reported them.
         findings.sort(key=lambda f: (-f.severity, f.code, f.node or ""))
     return LintResult(model.path, ruleset, findings, rules_run, notes)

@@ -145,3 +145,59 @@ def test_the_readme_compare_example_runs_on_the_shipped_engines():
     assert run.code == 0
     assert re.search(r"^  layers \(without NoOp/Constant\) +57 +72 +\+15$", run.out, flags=re.M)
     assert (engines / "LICENSE-Apache-2.0.txt").read_text().startswith("\n                                 Apache License")
+
+
+# --- QDQ508 and the CPU (issue 37, item 9) ------------------------------------------------------------
+
+ORT_PTQ = CORPUS / "ort" / "resnet_default.onnx"  # onnxruntime's PTQ: int8 weights that saturate without VNNI
+
+
+@pytest.mark.parametrize(("machine", "flags", "kind", "said"), [
+    ("x86_64", "fpu sse4_1 avx2 avx512f avx512_vnni", "x86-vnni", "avx512_vnni"),
+    ("x86_64", "fpu sse4_1 avx2 avx_vnni", "x86-vnni", "avx_vnni"),
+    ("x86_64", "fpu sse4_1 avx2 fma", "x86-avx2", "no VNNI flag"),
+    ("aarch64", "fp asimd asimddp", "arm", "asimddp"),
+    ("aarch64", "fp asimd", "arm", "aarch64"),
+    ("x86_64", None, "x86-avx2", "the safe side"),
+])
+def test_the_cpu_kind_is_told_from_the_architecture_and_flags(tmp_path, machine, flags, kind, said):
+    from qdq.cpu import this_cpu
+
+    cpuinfo = tmp_path / "cpuinfo"
+    if flags is not None:
+        cpuinfo.write_text(f"processor\t: 0\nflags\t\t: {flags}\n")
+    found = this_cpu(cpuinfo, machine)
+    assert found.kind == kind and said in found.why
+
+
+def _qdq508(run) -> list[dict]:
+    return [f for f in run.json()["findings"] if f["code"] == "QDQ508"]
+
+
+def test_ort_on_a_vnni_cpu_narrows_no_weight_and_says_what_it_assumed(monkeypatch):
+    from qdq import cpu
+
+    monkeypatch.delenv(cpu.ENVIRONMENT)
+    monkeypatch.setattr(cpu, "this_cpu", lambda: cpu.Cpu("x86-vnni", "this machine's CPU has avx512_vnni"))
+    run = qdq("lint", ORT_PTQ, "--target", "ort", "--format", "json")
+    assert _qdq508(run) == []
+    (note,) = [n for n in run.json()["notes"] if n.startswith("QDQ508")]
+    assert note.startswith("QDQ508 assumed CPU kind x86-vnni (this machine's CPU has avx512_vnni)")
+    assert 'set cpu = "x86-avx2"' in note
+
+
+def test_the_cpu_is_overridden_by_the_rule_set_or_the_environment(tmp_path, monkeypatch):
+    from qdq import cpu
+
+    monkeypatch.setenv(cpu.ENVIRONMENT, "x86-vnni")
+    assert _qdq508(qdq("lint", ORT_PTQ, "--target", "ort", "--format", "json")) == []
+    rules = tmp_path / "avx2.toml"
+    rules.write_text('extends = "ort"\n[rules.QDQ508]\ncpu = "x86-avx2"\n')
+    assert len(_qdq508(qdq("lint", ORT_PTQ, "--rules", rules, "--format", "json"))) > 0  # the rule set wins
+    monkeypatch.setenv(cpu.ENVIRONMENT, "x86-avx2")
+    text = qdq("lint", ORT_PTQ, "--target", "ort")
+    assert "QDQ508 [warning]" in text.out and "note: QDQ508 assumed CPU kind x86-avx2 (QDQ_CPU=x86-avx2)" in text.out
+    monkeypatch.setenv(cpu.ENVIRONMENT, "pentium")
+    bad = qdq("lint", ORT_PTQ, "--target", "ort")
+    assert bad.code == 2 and bad.err == ("qdq: error: QDQ_CPU=pentium: unknown CPU kind, expected 'auto' or one of "
+                                         "x86-avx2, x86-vnni, arm\n")
