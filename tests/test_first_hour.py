@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import subprocess
@@ -201,3 +202,31 @@ def test_the_cpu_is_overridden_by_the_rule_set_or_the_environment(tmp_path, monk
     bad = qdq("lint", ORT_PTQ, "--target", "ort")
     assert bad.code == 2 and bad.err == ("qdq: error: QDQ_CPU=pentium: unknown CPU kind, expected 'auto' or one of "
                                          "x86-avx2, x86-vnni, arm\n")
+
+
+# --- every target at once (issue 37, item 12) ---------------------------------------------------------
+
+
+def test_lint_target_all_shows_every_target_side_by_side():
+    run = qdq("lint", DEMO, "--target", "all")
+    assert run.code == 1
+    header, *rows = run.out.splitlines()
+    assert header.split()[1:] == ["common", "npu", "ort", "trt", "trt8"]
+    cells = {line.split()[0]: line.split()[2:] for line in rows if line.startswith("  QDQ")}
+    assert cells["QDQ610"] == [".", "6E", ".", ".", "."]  # float biases: the NPU's error only
+    assert cells["QDQ204"] == ["5W"] * 5
+    one_at_a_time = [qdq("lint", DEMO, "--target", t, "--format", "json").json()["summary"]
+                     for t in ("common", "npu", "ort", "trt", "trt8")]
+    totals = [line for line in rows if line.strip().startswith("findings (fixable)")][0].split()[2::2]
+    assert [int(n) for n in totals] == [s["error"] + s["warning"] + s["info"] for s in one_at_a_time]
+
+
+def test_lint_target_all_as_json_for_ci(tmp_path):
+    out = tmp_path / "all.json"
+    run = qdq("lint", DEMO, "--target", "all", "--format", "json", "-o", out, "--fail-on", "error")
+    (model,) = json.loads(out.read_text())["models"]
+    verdicts = {target: entry["verdict"] for target, entry in model["targets"].items()}
+    assert verdicts == {"common": "passes", "npu": "fails", "ort": "passes", "trt": "passes", "trt8": "passes"}
+    assert run.code == 1 and model["targets"]["npu"]["rules"] == {"QDQ204": 5, "QDQ610": 6}
+    assert run.out == "" and run.err == f"qdq: wrote {out}: {DEMO}: passes for common, ort, trt, trt8; fails for npu\n"
+    assert qdq("lint", DEMO, "--target", "all", "--format", "sarif").code == 2

@@ -17,6 +17,8 @@ from qdq.ruleset import ProjectConfig, RuleSet, builtin_targets, find_project_co
 
 log = logging.getLogger("qdq")
 DEFAULT_TARGET = "common"
+# `qdq lint --target all`: every shipped rule set at once (qdq.reports.matrix).
+ALL_TARGETS = "all"
 
 
 class UsageError(QdqError):
@@ -43,7 +45,8 @@ def setup_logging(args: argparse.Namespace) -> None:
 def add_ruleset_args(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("rule selection")
     choice = group.add_mutually_exclusive_group()
-    choice.add_argument("--target", metavar="NAME", help=f"shipped rule set ({', '.join(builtin_targets())})")
+    choice.add_argument("--target", metavar="NAME", help=f"shipped rule set ({', '.join(builtin_targets())}; "
+                        f"`qdq lint` also takes {ALL_TARGETS}: every one, in one table)")
     choice.add_argument("--rules", metavar="FILE", type=Path, help="your own rules file (TOML; may `extends` a target)")
     group.add_argument("--select", metavar="CODES", help="comma-separated rule codes or prefixes to run (e.g. QDQ1,QDQ201)")
     group.add_argument("--ignore", metavar="CODES", help="comma-separated rule codes or prefixes to skip")
