@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -230,3 +231,36 @@ def test_lint_target_all_as_json_for_ci(tmp_path):
     assert run.code == 1 and model["targets"]["npu"]["rules"] == {"QDQ204": 5, "QDQ610": 6}
     assert run.out == "" and run.err == f"qdq: wrote {out}: {DEMO}: passes for common, ort, trt, trt8; fails for npu\n"
     assert qdq("lint", DEMO, "--target", "all", "--format", "sarif").code == 2
+
+
+# --- shell completion (issue 37, item 12) -------------------------------------------------------------
+
+
+def _bash_completes(script: str, *words: str) -> list[str]:
+    """What the bash script offers for `words` (the last one being typed), run by bash itself."""
+    program = (f"{script}\nCOMP_WORDS=({' '.join(repr(w) for w in words)}); COMP_CWORD={len(words) - 1}; "
+               "_qdq; printf '%s\\n' \"${COMPREPLY[@]}\"")
+    run = subprocess.run(["bash", "--norc", "-c", program], capture_output=True, text=True, timeout=30)
+    assert run.returncode == 0, run.stderr
+    return run.stdout.split()
+
+
+@pytest.mark.skipif(shutil.which("bash") is None, reason="needs bash")
+def test_bash_completes_commands_options_and_their_values():
+    script = qdq("completion", "bash").out
+    assert _bash_completes(script, "qdq", "ins") == ["inspect", "inspect-engine"]
+    assert _bash_completes(script, "qdq", "lint", "m.onnx", "--target", "") == ["common", "npu", "ort", "trt", "trt8", "all"]
+    assert _bash_completes(script, "qdq", "fix", "m.onnx", "--target", "t") == ["trt", "trt8"]  # no `all` for fix
+    assert _bash_completes(script, "qdq", "lint", "--format", "s") == ["sarif"]
+    assert "--write-baseline" in _bash_completes(script, "qdq", "lint", "--w")
+    assert "float-bias" in _bash_completes(script, "qdq", "explain", "f")
+
+
+@pytest.mark.parametrize("shell", ["zsh", "fish"])
+def test_zsh_and_fish_scripts_are_written_from_the_same_parser(shell):
+    script = qdq("completion", shell).out
+    assert "inspect-engine" in script and "write-baseline" in script and "trt8" in script
+    if shutil.which(shell) is None:
+        pytest.skip(f"{shell} is not installed: its syntax check cannot run")
+    check = subprocess.run([shell, "-n"], input=script, capture_output=True, text=True, timeout=30)
+    assert check.returncode == 0, check.stderr
