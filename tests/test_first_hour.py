@@ -118,6 +118,26 @@ def _python(*argv: str) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, *argv], capture_output=True, text=True, env=env, timeout=120)
 
 
+def test_core_imports_and_lints_without_torch() -> None:
+    """Here, not in test_fx_load_scales.py: a module that skips without torch would skip this test too."""
+    model = REPO / "examples" / "models" / "demo_fx_qat.onnx"
+    code = (
+        "import sys; sys.modules['torch'] = None\n"
+        "import qdq, cli\n"
+        f"sys.exit(cli.main(['lint', {str(model)!r}]))\n"
+    )
+    run = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert run.returncode in (0, 1), run.stderr
+    assert "Error" not in run.stderr
+
+    code = "import sys; sys.modules['torch'] = None\nimport qdq.fx\n"
+    run = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert run.returncode == 1 and "During handling" not in run.stderr  # one error, not torch's chained under it
+    last = run.stderr.strip().splitlines()[-1]
+    assert last.startswith("ImportError: qdq.fx needs PyTorch") and "pip install 'qdq[torch]'" in last
+    assert "--extra-index-url https://download.pytorch.org/whl/cpu" in last  # the CPU build, not CUDA's gigabytes
+
+
 def test_the_scale_benchmark_generator_explains_itself():
     run = _python(str(REPO / "benchmarks" / "scale_models.py"), "--help")
     assert run.returncode == 0 and "ladder" in run.stdout and "external" in run.stdout and run.stderr == ""
