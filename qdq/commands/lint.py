@@ -107,10 +107,8 @@ def _run_every_target(args: argparse.Namespace) -> int:
         raise UsageError(f"--target {ALL_TARGETS} takes no baseline: a baseline records one rule set's findings")
     config = project_config(args)
     fail_on = resolve_fail_on(args, config)
-    rulesets = {}
-    for name in builtin_targets():
-        args.target = name
-        rulesets[name] = resolve_ruleset(args, config)
+    rulesets = {name: resolve_ruleset(argparse.Namespace(**{**vars(args), "target": name}), config)
+                for name in builtin_targets()}
     paths = model_paths(args.models)
     reads = [p for rs in rulesets.values() for p in input_files(args, config, rs)] + paths
     _check_outputs([args.output] if args.output is not None else [], reads)
@@ -130,6 +128,9 @@ def _run_every_target(args: argparse.Namespace) -> int:
             results[name] = lint(model, ruleset)
             drop_ignored(results[name], config.per_node_ignores)
         models.append((path, results))
+    linted = [results for _, results in models if not isinstance(results, str)]
+    if not linted:
+        return EXIT_UNREADABLE  # every model failed, each said so on stderr: there is nothing to report
     if args.format == "json":
         emit(args.output, matrix.document(models, fail_on))
     else:
@@ -139,7 +140,6 @@ def _run_every_target(args: argparse.Namespace) -> int:
         for path, results in models:
             if not isinstance(results, str):
                 sys.stderr.write(f"qdq: wrote {args.output}: {matrix.verdict_line(path, results, fail_on)}\n")
-    linted = [results for _, results in models if not isinstance(results, str)]
     if len(linted) < len(models):
         return EXIT_UNREADABLE
     fails = any(result.failing(fail_on) for results in linted for result in results.values())
