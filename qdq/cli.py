@@ -15,7 +15,7 @@ from contextlib import suppress
 
 from qdq import __version__, progress
 from qdq.commands import COMMANDS
-from qdq.commands.args import setup_logging
+from qdq.commands.args import setup_logging, subcommands
 from qdq.errors import QdqError
 
 EXIT_USAGE = 2
@@ -36,15 +36,8 @@ def build_parser() -> argparse.ArgumentParser:
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
     for command in COMMANDS:
         command.add_parser(subparsers).set_defaults(run=command.run)
+    parser.set_defaults(command_line=parser)  # what `qdq completion` describes
     return parser
-
-
-def subcommands(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:
-    """Each command's parser by the name a user types (`inspect-engine`, not the module's `inspect_engine`)."""
-    for action in parser._actions:
-        if isinstance(action, argparse._SubParsersAction):
-            return dict(action.choices)
-    return {}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -25,6 +25,14 @@ class UsageError(QdqError):
     """Options that contradict each other."""
 
 
+def subcommands(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:
+    """Each command's parser by the name a user types (`inspect-engine`, not the module's `inspect_engine`)."""
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            return dict(action.choices)
+    return {}
+
+
 def add_logging_args(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("logging")
     group.add_argument("-v", "--verbose", action="count", default=0,

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from qdq.commands.args import add_logging_args
+from qdq.commands.args import add_logging_args, subcommands
 from qdq.completion import SHELLS, script
 
 
@@ -22,8 +22,6 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
 
 
 def run(args: argparse.Namespace) -> int:
-    from qdq.cli import build_parser, subcommands  # the whole command line, this command included
-
-    parser = build_parser()
+    parser = args.command_line  # the whole command line, this command included (set by qdq.cli)
     sys.stdout.write(script(args.shell, parser, subcommands(parser)))
     return 0
