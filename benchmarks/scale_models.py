@@ -14,6 +14,7 @@ that its own memory stays small: a child's peak RSS starts from its parent's).
 
 from __future__ import annotations
 
+import argparse
 import gc
 import json
 import math
@@ -234,15 +235,27 @@ def _external_tensor(name: str, dims: list[int], dtype: int, location: str, offs
     return tensor
 
 
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="scale_models.py", description=__doc__.split("\n\n")[0])
+    kinds = parser.add_subparsers(dest="kind", required=True, metavar="KIND")
+    ladder_ = kinds.add_parser("ladder", help="about N tiny nodes in one .onnx file")
+    ladder_.add_argument("nodes", type=int, metavar="N")
+    ladder_.add_argument("where", type=Path, metavar="OUT.onnx")
+    external_ = kinds.add_parser("external", help="a model whose int8 weights (GIB GiB) are one external-data file")
+    external_.add_argument("gib", type=float, metavar="GIB")
+    external_.add_argument("where", type=Path, metavar="FOLDER")
+    return parser
+
+
 def main(argv: list[str]) -> int:
-    kind, amount, where = argv
+    args = _parser().parse_args(argv)
     try:
-        if kind == "ladder":
-            model = ladder(int(amount))
-            onnx.save(model, where)
-            path, nodes = Path(where), len(model.graph.node)
+        if args.kind == "ladder":
+            model = ladder(args.nodes)
+            onnx.save(model, str(args.where))
+            path, nodes = args.where, len(model.graph.node)
         else:
-            path = external(Path(where), float(amount))
+            path = external(args.where, args.gib)
             nodes = len(onnx.load(str(path), load_external_data=False).graph.node)
     except NotEnoughDisk as exc:
         print(f"scale_models.py: error: not enough disk: {exc}", file=sys.stderr)

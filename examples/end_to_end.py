@@ -11,7 +11,7 @@ The pipeline a user of qdq runs, on scikit-learn's digits (8×8, upsampled to 32
    fine-tune briefly, export again and fix for npu again: with the hardware's scales already in
    the network, that second fix has nothing left to move but exporter artefacts.
 
-It prints one table (accuracy on the test split in onnxruntime, lint findings before → after the
+It says on stderr which stage is running, then prints one table (accuracy on the test split in onnxruntime, lint findings before → after the
 fix, the fix's SQNR, latency, changes). `make_demo_model.py` runs it at the default settings and
 bundles its QAT export as `examples/models/demo_fx_qat.onnx`, the model of the README's first command.
 
@@ -140,11 +140,14 @@ def run(settings: Settings, out: Path) -> Report:
     out.mkdir(parents=True, exist_ok=True)
     data, source = _data(settings)
     rows = []
+    say = _stages(start)
 
+    say(f"training the float network ({settings.epochs} epochs)")
     model = train_float(data, settings)
     float_path = networks.export_float(model, out / "float.onnx", channels=1)
     rows.append(_measure("float", float_path, data))
 
+    say(f"FX QAT ({settings.qat_steps} batches) and export")
     prepared = prepare_qat(model, data, settings)
     qat_path = export_qat(prepared, data, out / "qat.onnx")
     qat_row = _measure("QAT export", qat_path, data)
@@ -152,18 +155,28 @@ def run(settings: Settings, out: Path) -> Report:
     rows.append(qat_row)
 
     for target in TARGETS:
+        say(f"qdq fix --target {target}, verify, accuracy")
         rows.append(fix_and_measure(f"{target} fix", target, qat_path, out / f"qat_{target}.onnx", data))
 
+    say(f"loading the npu-fixed scales, fine-tuning ({settings.finetune_steps} batches), fixing again")
     load = load_scales(prepared, out / "qat_npu.onnx")
     prepared = finetune(prepared, data, settings)
     again = export_qat(prepared, data, out / "finetuned.onnx")
     rows.append(fix_and_measure("feedback + npu fix", "npu", again, out / "finetuned_npu.onnx", data))
 
+    say(f"latency ({settings.latency_runs} runs per model)")
     for row, ms in zip(rows, latencies([Path(r.path) for r in rows], data[2][:1].numpy(), settings.latency_runs)):
         row.latency_ms = ms
     fake_quants = sum(isinstance(m, torch.ao.quantization.FakeQuantizeBase) for m in prepared.modules())
     return Report(source, settings, rows, len(load.loaded), fake_quants, load.unmatched_fx, load.problems,
                   time.perf_counter() - start)
+
+
+def _stages(start: float):
+    """A function that says on stderr which stage starts, with the time so far: the run takes minutes."""
+    def say(stage: str) -> None:
+        print(f"[{time.perf_counter() - start:5.0f} s] {stage}", file=sys.stderr, flush=True)
+    return say
 
 
 def _data(settings: Settings) -> tuple[networks.Data, str]:

@@ -15,7 +15,7 @@ from contextlib import suppress
 
 from qdq import __version__, progress
 from qdq.commands import COMMANDS
-from qdq.commands.args import setup_logging
+from qdq.commands.args import setup_logging, subcommands
 from qdq.errors import QdqError
 
 EXIT_USAGE = 2
@@ -36,6 +36,7 @@ def build_parser() -> argparse.ArgumentParser:
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
     for command in COMMANDS:
         command.add_parser(subparsers).set_defaults(run=command.run)
+    parser.set_defaults(command_line=parser)  # what `qdq completion` describes
     return parser
 
 
@@ -47,7 +48,7 @@ def main(argv: list[str] | None = None) -> int:
     except SystemExit as exc:  # usage errors (already reported on one line), --help, --version
         return exc.code if isinstance(exc.code, int) else EXIT_USAGE
     if args.command is None:
-        commands = ", ".join(command.__name__.rsplit(".", 1)[-1] for command in COMMANDS)
+        commands = ", ".join(subcommands(parser))
         sys.stderr.write(f"qdq: error: no command given (choose from {commands}; see `qdq --help`)\n")
         return EXIT_USAGE
     setup_logging(args)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import logging
+import time
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -11,6 +13,8 @@ from qdq.model import Model, gc_paused
 from qdq.quant_index import QuantIndex
 from qdq.rule import CheckContext, Finding, Severity
 from qdq.ruleset import RuleConfig, RuleSet
+
+log = logging.getLogger("qdq")
 
 
 @dataclass
@@ -149,7 +153,13 @@ def lint(
             ctx = CheckContext(model=model, index=index, params=cfg.params, severity=cfg.severity, ranges=ranges,
                                enabled=codes)
             known = checked.get(rule.code) if checked else None
+            start, before = time.perf_counter(), len(findings)
             findings.extend(predict(finding, cfg) for finding in (rule.check(ctx) if known is None else known))
+            log.debug("%s %s: %d finding(s) in %.1f ms", rule.code, rule.name, len(findings) - before,
+                      1000 * (time.perf_counter() - start))
+            assumed = rule.assumption(ctx)
+            if assumed:
+                notes.append(assumed)
         # Stable sort: a rule's findings on one node stay in the order the rule reported them.
         findings.sort(key=lambda f: (-f.severity, f.code, f.node or ""))
     if not index.has_qdq:

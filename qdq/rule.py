@@ -192,6 +192,11 @@ class Rule:
         """Apply the fix for one finding to ctx.model.graph, through ctx.edits, and return what changed."""
         raise NotImplementedError(f"{self.code} has no fix")
 
+    def assumption(self, ctx: CheckContext) -> str | None:
+        """What the check assumed about this model's deployment that its findings depend on, for the
+        report's notes (QDQ508: the CPU), or None. Lint asks every rule it runs."""
+        return None
+
     @classmethod
     def doc(cls) -> str:
         return inspect.cleandoc(cls.__doc__ or "")

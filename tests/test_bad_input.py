@@ -348,7 +348,7 @@ def test_bad_format(capsys, tmp_path, model, out_dir):
         (["lint", "--frobnicate", "m.onnx"], "unrecognized arguments: --frobnicate"),
         (["lint"], "required: model"),
         ([], "no command given"),
-        (["explain", "QDQ999"], "unknown rule code 'QDQ999'"),
+        (["explain", "QDQ999"], "unknown rule 'QDQ999'"),
     ],
 )
 def test_usage_errors(capsys, tmp_path, argv, problem):

@@ -6,13 +6,16 @@ thresholds, not for accuracy (the README's table is a full default run).
 
 from __future__ import annotations
 
+import io
 import sys
+from contextlib import redirect_stderr
 from pathlib import Path
 
 import numpy as np
 import pytest
+from optional import torch_or_skip
 
-torch = pytest.importorskip("torch")
+torch = torch_or_skip()
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "examples"))
 
@@ -28,8 +31,22 @@ SMALL = end_to_end.Settings(epochs=1, qat_steps=12, finetune_steps=6, train_limi
 
 @pytest.fixture(scope="module")
 def pipeline(tmp_path_factory):
+    """The pipeline's report and folder; what it said on stderr is in STAGES."""
     out = tmp_path_factory.mktemp("e2e")
-    return end_to_end.run(SMALL, out), out
+    said = io.StringIO()
+    with redirect_stderr(said):
+        report = end_to_end.run(SMALL, out)
+    STAGES[:] = said.getvalue().splitlines()
+    return report, out
+
+
+STAGES: list[str] = []
+
+
+def test_the_run_says_which_stage_it_is_in(pipeline):
+    """A default run takes minutes: each stage is announced with the time so far, not a silent wait."""
+    assert len(STAGES) == 7 and all(line.startswith("[") and " s] " in line for line in STAGES)
+    assert "training the float network" in STAGES[0] and "latency" in STAGES[-1]
 
 
 def test_table_has_one_row_per_stage_and_every_column(pipeline):

@@ -2,41 +2,20 @@
 
 The model nests two identical blocks, so the exporter gives their layers the same short names
 (`branch.0/weight_fake_quant` and `branch.0/weight_fake_quant_1`); the second block's weights are
-8× larger so a swapped match would show as a wrong scale. Also: the torch-free install.
+8× larger so a swapped match would show as a wrong scale. The torch-free install: tests/test_first_hour.py.
 """
 
 from __future__ import annotations
 
-import subprocess
-import sys
 import warnings
 from pathlib import Path
 
 import numpy as np
 import onnx_graphsurgeon as gs
 import pytest
+from optional import torch_or_skip
 
-ROOT = Path(__file__).resolve().parent.parent
-
-
-def test_core_imports_and_lints_without_torch() -> None:
-    model = ROOT / "examples" / "models" / "demo_fx_qat.onnx"
-    code = (
-        "import sys; sys.modules['torch'] = None\n"
-        "import qdq, cli\n"
-        f"sys.exit(cli.main(['lint', {str(model)!r}]))\n"
-    )
-    run = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
-    assert run.returncode in (0, 1), run.stderr
-    assert "Error" not in run.stderr
-
-    code = "import sys; sys.modules['torch'] = None\nimport qdq.fx\n"
-    run = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
-    assert run.returncode == 1
-    assert run.stderr.strip().splitlines()[-1] == "ImportError: qdq.fx needs PyTorch: pip install 'qdq[torch]'"
-
-
-torch = pytest.importorskip("torch")
+torch = torch_or_skip()
 
 from torch import nn  # noqa: E402
 from torch.ao.quantization.quantize_fx import prepare_qat_fx  # noqa: E402

@@ -10,8 +10,9 @@ import math
 
 import numpy as np
 import pytest
+from optional import torch_or_skip
 
-torch = pytest.importorskip("torch")
+torch = torch_or_skip()
 
 from conftest import run_ort  # noqa: E402
 from fx_models import SmallQatNet  # noqa: E402

@@ -87,8 +87,9 @@ def test_an_unreadable_model_fails_the_run_but_the_others_are_reported(capsys, t
     report_file = tree / "report.json"
     code, out, err = run(capsys, "lint", "models", "--format", "json", "-o", report_file)
     assert code == 2 and out == ""
-    (line,) = err.splitlines()
+    line, wrote = err.splitlines()
     assert line.startswith("qdq: error: models/b/junk.onnx: not a valid ONNX model")
+    assert wrote.startswith(f"qdq: wrote {report_file}: Found ") and wrote.endswith("; 1 model could not be read")
     report = json.loads(report_file.read_text())
     assert linted(report)[2:] == ["models/b/clean.onnx", "models/b/junk.onnx"]
     assert report["models"][3]["error"].startswith("models/b/junk.onnx: not a valid ONNX model")

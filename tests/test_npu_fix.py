@@ -23,9 +23,10 @@ from typing import Callable
 import numpy as np
 import onnx
 import pytest
+from optional import torch_or_skip
 from onnx import TensorProto, helper, numpy_helper
 
-torch = pytest.importorskip("torch")
+torch = torch_or_skip()
 
 import npu_constraints  # noqa: E402
 from conftest import run_ort  # noqa: E402

@@ -19,9 +19,10 @@ from pathlib import Path
 import numpy as np
 import onnx
 import pytest
+from optional import torch_or_skip
 from onnx import numpy_helper
 
-torch = pytest.importorskip("torch")
+torch = torch_or_skip()
 
 from conftest import run_ort  # noqa: E402
 

@@ -17,6 +17,7 @@ import onnx
 import pytest
 from builders import GraphBuilder
 from conftest import run_optimized, run_ort, saturation_not_shown
+from optional import torch_or_skip
 
 from qdq.fix import fix
 from qdq.lint import lint
@@ -33,6 +34,7 @@ def samples(arch: str) -> np.ndarray:
 
 
 def saturation(path: Path, x: np.ndarray) -> dict[str, int]:
+    torch_or_skip()  # the simulator is benchmarks/ort_speed.py's, which builds its networks in PyTorch
     spec = importlib.util.spec_from_file_location("ort_speed", SCRIPT)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)

@@ -8,8 +8,10 @@ import json
 from pathlib import Path
 
 import pytest
+from optional import torch_or_skip
 
 pytest.importorskip("sklearn")  # the benchmark trains on scikit-learn's digits
+torch_or_skip()  # and builds its networks in PyTorch
 
 SCRIPT = Path(__file__).resolve().parent.parent / "benchmarks" / "ort_speed.py"
 CONVS = {"resnet": 9, "yolo": 28}

@@ -32,6 +32,7 @@ from pathlib import Path
 import numpy as np
 import onnx
 import pytest
+from optional import torch_or_skip
 from onnx import TensorProto, helper, numpy_helper
 
 import cli
@@ -110,7 +111,7 @@ def ort_model(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="module")
 def fx_model(tmp_path_factory) -> Path:
-    pytest.importorskip("torch")
+    torch_or_skip()
     from fx_models import export_observed
 
     return export_observed(tmp_path_factory.mktemp("fx") / "fx_qat.onnx")

@@ -14,6 +14,7 @@ from pathlib import Path
 import numpy as np
 import onnx
 import pytest
+from optional import torch_or_skip
 from builders import GraphBuilder
 from conftest import apply_fix, findings_of, lint_codes, run_ort
 from onnx import numpy_helper
@@ -349,7 +350,7 @@ def test_shared_weight_with_k_not_one_is_reported_but_not_fixed(builder, tmp_pat
 
 
 def export_fx_conv_bn_relu(path: Path) -> Path:
-    torch = pytest.importorskip("torch")
+    torch = torch_or_skip()
     from torch import nn
     from torch.ao.quantization.quantize_fx import prepare_qat_fx
 

@@ -18,6 +18,7 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 import pytest
+from optional import torch_or_skip
 from builders import GraphBuilder
 from conftest import run_optimized, run_ort, saturation_not_shown
 from onnx import numpy_helper
@@ -533,7 +534,7 @@ def test_qdq805_rejects_bad_parameters(tmp_path, text):
 
 @pytest.fixture(scope="module")
 def fx_model(tmp_path_factory) -> Path:
-    pytest.importorskip("torch")
+    torch_or_skip()
     from fx_models import export_observed
 
     return export_observed(tmp_path_factory.mktemp("ort_fx") / "fx_qat.onnx", tail="silu", batch=4)

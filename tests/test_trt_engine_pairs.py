@@ -28,8 +28,10 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-import torch
-from torch import nn
+from optional import torch_or_skip
+
+torch = torch_or_skip()
+from torch import nn  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "examples"))
 

@@ -14,8 +14,10 @@ from pathlib import Path
 import numpy as np
 import onnx
 import pytest
-import torch
+from optional import torch_or_skip
 from trt_placement import violations
+
+torch = torch_or_skip()
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "examples"))
 

@@ -241,12 +241,15 @@ class AsymmetricZeroPoint(Rule):
 
     An activation QDQ505 rewrites to the rule set's `activation_type` is judged as it will be
     (TensorRT: uint8 zp 128 becomes int8 zp 0, which QDQ505's exact fix alone resolves, so it
-    is not reported here; uint8 zp 110 becomes int8 zp -18, reported and fixed after it).
+    is not reported here; uint8 zp 110 becomes int8 zp -18, reported and fixed after it). Those
+    values share one cause, the exporter's asymmetric 8-bit activations, which QDQ505 already
+    lists one by one: they are reported here in one finding (two when some cannot be fixed) that
+    says what the target needs, not once per tensor.
     """
 
     code = "QDQ503"
     name = "asymmetric-zero-point"
-    message = "{role} {tensor} has zero-point {zero_point}; the target needs {expected}"
+    message = "{what}; the target needs {needs}"
     severity = Severity.ERROR
     fix_safety = FixSafety.APPROXIMATE
     parameters = {
@@ -262,6 +265,7 @@ class AsymmetricZeroPoint(Rule):
     def check(self, ctx: CheckContext) -> Iterable[Finding]:
         if ctx.params["keep_clip"] not in ("relu", ""):
             raise RuleSetError(f"{self.code}.keep_clip must be \"relu\" or \"\", got {ctx.params['keep_clip']!r}")
+        retyped: dict[bool, list[tuple[QTensor, QParams]]] = {True: [], False: []}  # by fixability
         for qt, params, kind in _values(ctx, ~_symmetric_rows(ctx)):
             if params.qtype is None or params.qtype.is_float:
                 continue
@@ -274,11 +278,38 @@ class AsymmetricZeroPoint(Rule):
             fixable = (params.granularity == PER_TENSOR and bool(np.all(params.scale > 0))
                        and _integers_internal(ctx, qt, zero_point_moves=True)
                        and not _loses_negatives(ctx, qt, qtype, zero_point, expected))
-            yield self.finding(ctx, qt.nodes[0], [ctx.value_name(qt)], subject=qt, fixable=fixable, role=kind,
-                               tensor=ctx.value_name(qt), zero_point=_zp_text(zps), expected=int(expected))
+            if qtype.onnx_type != params.elem_type:
+                retyped[fixable].append((qt, params))
+                continue
+            tensor = ctx.value_name(qt)
+            yield self.finding(ctx, qt.nodes[0], [tensor], subject=[qt], fixable=fixable, role=kind, tensor=tensor,
+                               zero_point=_zp_text(zps), expected=int(expected),
+                               what=f"{kind} {tensor} has zero-point {_zp_text(zps)}", needs=str(int(expected)))
+        for fixable, members in retyped.items():
+            if members:
+                yield self._retyped_finding(ctx, members, fixable)
+
+    def _retyped_finding(self, ctx: CheckContext, members: list[tuple[QTensor, QParams]], fixable: bool) -> Finding:
+        """One finding for the activations QDQ505 moves to `activation_type` that stay asymmetric there."""
+        old = type_name(members[0][1].elem_type)
+        new = ctx.params["activation_type"]
+        expected = int(_expected_zero_point(quant_type(_EIGHT_BIT[new]), ctx.params["unsigned_midpoint"]))
+        zps = np.unique(np.concatenate([params.zero_point.ravel() for _, params in members])).astype(int)
+        kept = expected + (128 if new == "int8" else -128)  # the zero-point that would have stayed symmetric
+        shown = ", ".join(map(str, zps)) if zps.size <= 3 else f"{zps.min()} … {zps.max()}"
+        count = f"{len(members)} {old} activation{'s' if len(members) > 1 else ''}"
+        what = (f"{count} {'have' if len(members) > 1 else 'has'} zero-points {shown}, not {kept}: "
+                f"QDQ505 makes them {new} exactly (zero-point {'−' if new == 'int8' else '+'} 128), still asymmetric")
+        names = [ctx.value_name(qt) for qt, _ in members]
+        return self.finding(ctx, None, names, subject=[qt for qt, _ in members], fixable=fixable, role=ACTIVATION,
+                            tensor=names[0] if len(names) == 1 else None, zero_point=_zp_text(zps),
+                            expected=expected, what=what, needs=f"{new} with zero-point {expected}")
 
     def fix(self, ctx: FixContext, finding: Finding) -> list[Change]:
-        qt = finding.subject
+        return [change for qt in finding.subject for change in self._symmetric(ctx, qt)]
+
+    def _symmetric(self, ctx: FixContext, qt: QTensor) -> list[Change]:
+        """Give one value the symmetric parameters that cover its old range (its own type first, when QDQ505 retypes it)."""
         # The check judged the value as QDQ505 retypes it; that fix runs first in a full run, else here.
         changes = _retype(ctx, qt, self.code) if _retypable(ctx, qt) else []
         params = ctx.index.params(qt.nodes[0])

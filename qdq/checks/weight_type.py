@@ -15,6 +15,7 @@ from typing import Iterable
 import numpy as np
 from onnx import TensorProto
 
+from qdq import cpu
 from qdq.dtypes import type_name
 from qdq.errors import RuleSetError
 from qdq.ops import PER_AXIS_OPSET
@@ -70,8 +71,13 @@ class SaturatingWeightType(Rule):
     (a ResNet-style classifier reading grey digits: top-1 0.96 → 0.92 with one stem channel at
     7 bits), while their kernel is too small for the slower u8×u8 path to show.
 
-    CPUs with VNNI (AVX-512 VNNI, AVX-VNNI) sum u8×s8 products in 32 bits, and ARM kernels do not
-    saturate: `--ignore QDQ508` there (or `ops = []` in a rules file).
+    Which CPU the model runs on is parameter `cpu`: "x86-avx2" (x86 without VNNI: the rule
+    applies), "x86-vnni" (AVX512-VNNI, AVX-VNNI: u8×s8 products are summed in 32 bits) or "arm"
+    (the kernels widen before adding, with the dot-product instructions or without): on the last
+    two nothing saturates and the rule reports nothing. "auto" (the shipped setting) takes the CPU
+    qdq runs on, from its architecture and /proc/cpuinfo flags, or the kind the environment
+    variable QDQ_CPU names (for a CI runner that is not the deployment machine). The report's
+    notes say which CPU was assumed and why.
 
     Example: `DQ(x, uint8) → Conv ← DQ(w, s=0.01, zp=0 int8)` with two adjacent weights of 127 in
     output channel 0: 255 · 254 > 32767. When channel 0 holds only large weights, the 7-bit fix
@@ -89,12 +95,14 @@ class SaturatingWeightType(Rule):
     # input_mean_ratio: μ²/σ² of the inputs, weighing a channel's summed weight error against its squared
     # error (`nearest_safe_weights`); 1/(π − 1) ≈ 0.467 is that of a Relu of a zero-mean Gaussian.
     parameters = {"ops": [], "pair_limit": 32767, "weights": "7-bit", "uint8_channels": 0,
-                  "input_mean_ratio": 0.467, "depthwise_pairs": True}
+                  "input_mean_ratio": 0.467, "depthwise_pairs": True, "cpu": "x86-avx2"}
 
     def check(self, ctx: CheckContext) -> Iterable[Finding]:
         ops, limit, fix = set(ctx.params["ops"]), ctx.params["pair_limit"], ctx.params["weights"]
         if fix not in _FIXES:
             raise RuleSetError(f"{self.code}.weights must be one of {', '.join(_FIXES)}, got {fix!r}")
+        if not cpu.resolve(ctx.params["cpu"]).saturates:
+            return
         reported: set[int] = set()
         for node in ctx.index.nodes_of(ops):
             slot = WEIGHT_INPUT.get(node.op)
@@ -131,6 +139,20 @@ class SaturatingWeightType(Rule):
                                outputs=at_risk.size, input_max=_INPUT_MAX, pair_limit=limit,
                                expected="narrower int8" if how == "7-bit" else type_name(_TO),
                                how=f" (not rewritten: {reason})" if reason else "")
+
+    def assumption(self, ctx: CheckContext) -> str | None:
+        """The CPU the findings (or their absence) depend on, when the model has a weight the rule looks at."""
+        if not any(WEIGHT_INPUT.get(node.op) is not None for node in ctx.index.nodes_of(set(ctx.params["ops"]))):
+            return None
+        assumed = cpu.resolve(ctx.params["cpu"])
+        if assumed.saturates:
+            effect = "its u8×s8 kernels add pairs of products in saturating 16 bits, so weights that can saturate are reported"
+            other = 'cpu = "x86-vnni" or "arm"'
+        else:
+            effect = "its u8×s8 kernels do not saturate, so no weight is narrowed for them"
+            other = 'cpu = "x86-avx2" (x86 without VNNI)'
+        return (f"{self.code} assumed CPU kind {assumed.kind} ({assumed.why}): {effect}; for another CPU set {other} "
+                f"under [rules.{self.code}] in a rules file, or {cpu.ENVIRONMENT}=<kind> where the set says \"auto\"")
 
     def fix(self, ctx: FixContext, finding: Finding) -> list[Change]:
         weight, node, at_risk, axis, how = finding.subject

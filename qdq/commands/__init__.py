@@ -1,5 +1,5 @@
 """One module per subcommand. Each has `add_parser(subparsers)` and `run(args) -> exit code`."""
 
-from qdq.commands import compare, explain, fix, inspect, inspect_engine, lint, rules, verify
+from qdq.commands import compare, completion, explain, fix, inspect, inspect_engine, lint, rules, verify
 
-COMMANDS = (lint, fix, verify, inspect, compare, inspect_engine, rules, explain)
+COMMANDS = (lint, fix, verify, inspect, compare, inspect_engine, rules, explain, completion)

@@ -18,15 +18,27 @@ from qdq.ruleset import ProjectConfig, RuleSet, builtin_targets, find_project_co
 
 log = logging.getLogger("qdq")
 DEFAULT_TARGET = "common"
+# `qdq lint --target all`: every shipped rule set at once (qdq.reports.matrix).
+ALL_TARGETS = "all"
 
 
 class UsageError(QdqError):
     """Options that contradict each other."""
 
 
+def subcommands(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:
+    """Each command's parser by the name a user types (`inspect-engine`, not the module's `inspect_engine`)."""
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            return dict(action.choices)
+    return {}
+
+
 def add_logging_args(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("logging")
-    group.add_argument("-v", "--verbose", action="count", default=0, help="more detail on stderr (repeatable)")
+    group.add_argument("-v", "--verbose", action="count", default=0,
+                       help="more detail on stderr: -v the config and rule set read and each step, "
+                       "-vv also each rule's time and a traceback on an unexpected error")
     group.add_argument("-q", "--quiet", action="count", default=0, help="less detail on stderr (repeatable)")
 
 
@@ -42,7 +54,8 @@ def setup_logging(args: argparse.Namespace) -> None:
 def add_ruleset_args(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("rule selection")
     choice = group.add_mutually_exclusive_group()
-    choice.add_argument("--target", metavar="NAME", help=f"shipped rule set ({', '.join(builtin_targets())})")
+    choice.add_argument("--target", metavar="NAME", help=f"shipped rule set ({', '.join(builtin_targets())}; "
+                        f"`qdq lint` also takes {ALL_TARGETS}: every one, in one table)")
     choice.add_argument("--rules", metavar="FILE", type=Path, help="your own rules file (TOML; may `extends` a target)")
     group.add_argument("--select", metavar="CODES", help="comma-separated rule codes or prefixes to run (e.g. QDQ1,QDQ201)")
     group.add_argument("--ignore", metavar="CODES", help="comma-separated rule codes or prefixes to skip")
@@ -50,7 +63,16 @@ def add_ruleset_args(parser: argparse.ArgumentParser) -> None:
 
 
 def project_config(args: argparse.Namespace) -> ProjectConfig:
-    return ProjectConfig() if args.isolated else find_project_config(Path.cwd())
+    """[tool.qdq] of the nearest pyproject.toml; -v says which file that was, since it changes what runs."""
+    if args.isolated:
+        log.info("--isolated: not reading [tool.qdq] from any pyproject.toml")
+        return ProjectConfig()
+    config = find_project_config(Path.cwd())
+    if config.path is not None:
+        log.info("read [tool.qdq] from %s", config.path)
+    else:
+        log.info("no pyproject.toml with [tool.qdq] in %s or above it", Path.cwd())
+    return config
 
 
 def resolve_ruleset(args: argparse.Namespace, config: ProjectConfig) -> RuleSet:
@@ -61,8 +83,14 @@ def resolve_ruleset(args: argparse.Namespace, config: ProjectConfig) -> RuleSet:
         ruleset = load_target(args.target)
     elif config.rules is not None:
         ruleset = load_rules_file(config.rules)
+    elif config.target is not None:
+        try:
+            ruleset = load_target(config.target)
+        except QdqError as exc:
+            raise UsageError(f"{config.path}: [tool.qdq] target: {exc}") from None
     else:
-        ruleset = load_target(config.target or DEFAULT_TARGET)
+        ruleset = load_target(DEFAULT_TARGET)
+    log.info("rule set %r from %s", ruleset.name, ", ".join(str(source) for source in ruleset.sources))
     select = _codes(args.select) if args.select is not None else config.select
     ignore = _codes(args.ignore) if args.ignore is not None else config.ignore
     return ruleset.narrowed(select, ignore)

@@ -1,4 +1,4 @@
-"""`qdq explain CODE`: a rule's documentation, severity, fix kind and parameters."""
+"""`qdq explain CODE|NAME`: a rule's documentation, severity, fix kind and parameters."""
 
 from __future__ import annotations
 
@@ -13,16 +13,17 @@ from qdq.ruleset import builtin_targets, load_target
 def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     parser = subparsers.add_parser("explain", help="print a rule's documentation",
                                    description="Print what a rule checks, why it matters, and an example.")
-    parser.add_argument("code", help="rule code, e.g. QDQ102")
+    parser.add_argument("code", metavar="RULE", help="rule code or name, e.g. QDQ102 or float-bias")
     add_logging_args(parser)
     return parser
 
 
 def run(args: argparse.Namespace) -> int:
     registry = all_rules()
-    rule = registry.get(args.code.upper())
+    by_name = {rule.name: rule for rule in registry.values()}
+    rule = registry.get(args.code.upper()) or by_name.get(args.code.lower())
     if rule is None:
-        raise UsageError(f"unknown rule code {args.code!r} (see `qdq rules --all`)")
+        raise UsageError(f"unknown rule {args.code!r}: neither a code nor a name (see `qdq rules --all`)")
     fix = f"{rule.fix_safety} fix" if rule.fix_safety else "no automatic fix"
     print(f"{rule.code} {rule.name}")
     print(f"default severity: {rule.severity}; {fix}")

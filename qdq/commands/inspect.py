@@ -9,6 +9,7 @@ from pathlib import Path
 from qdq.commands.args import UsageError, add_logging_args, emit, load_for_output
 from qdq.inspect import predicted, render_tensors, render_text, summarize, tensors
 from qdq.lint import lint
+from qdq.paths import model_paths
 from qdq.ruleset import load_target
 
 
@@ -20,7 +21,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
         "in the order given: text one after the other, JSON a list of the summaries "
         "(one model: the summary object itself).",
     )
-    parser.add_argument("model", type=Path, nargs="+", help="the ONNX model(s)")
+    parser.add_argument("model", nargs="+",
+                        help="ONNX models, folders of them, or glob patterns (as `qdq lint` takes them)")
     parser.add_argument("--tensors", action="store_true",
                         help="also list every quantized tensor: dtype, granularity, scale, zero point, "
                         "power-of-two position (pos = -log2(scale)) and role; JSON: a `tensors` list")
@@ -37,9 +39,10 @@ def run(args: argparse.Namespace) -> int:
     ruleset = load_target(args.target) if args.target is not None else None
     if ruleset is not None and not any(cfg.effect for cfg in ruleset.rules.values()):
         raise UsageError(f"rule set {ruleset.name!r} predicts nothing (its rules have no `effect` keys); try --target trt")
+    paths = model_paths(args.model)
     summaries = []
-    for path in args.model:
-        model = load_for_output(path, args.output, inputs=args.model)
+    for path in paths:
+        model = load_for_output(path, args.output, inputs=paths)
         summary = summarize(model)
         if ruleset is not None:
             summary["predicted"] = predicted(lint(model, ruleset))

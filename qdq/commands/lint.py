@@ -9,6 +9,7 @@ from pathlib import Path
 from qdq import neighbourhood
 from qdq.baseline import drop_baselined, load_baseline, write_baseline
 from qdq.commands.args import (
+    ALL_TARGETS,
     UsageError,
     add_logging_args,
     add_ruleset_args,
@@ -24,8 +25,9 @@ from qdq.files import check_writable, same_file
 from qdq.lint import LintReport, Unreadable, lint
 from qdq.model import load_model
 from qdq.paths import model_paths
-from qdq.reports import FORMATS, render
-from qdq.ruleset import RuleSet
+from qdq.reports import FORMATS, matrix, render
+from qdq.reports.text import summary_line
+from qdq.ruleset import RuleSet, builtin_targets
 from qdq.suppression import drop_ignored
 
 EXIT_CLEAN, EXIT_FINDINGS, EXIT_UNREADABLE = 0, 1, 2
@@ -57,6 +59,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.target == ALL_TARGETS:
+        return _run_every_target(args)
     config = project_config(args)
     ruleset = resolve_ruleset(args, config)
     fail_on = resolve_fail_on(args, config)
@@ -81,11 +85,65 @@ def run(args: argparse.Namespace) -> int:
             sys.stderr.write(f"qdq: wrote {args.write_baseline}: the baseline records {recorded} finding{plural}\n")
     elif baseline is not None:
         report.baselined = drop_baselined(report.results, baseline, args.baseline)
-    emit(args.output, render(report, args.format, fail_on=fail_on))
+    if args.write_baseline is not None and args.output is None and args.format == "text":
+        # The findings went into the baseline; the terminal gets what was recorded, not every line again.
+        sys.stdout.write(summary_line(report, fail_on) + "\n")
+    else:
+        emit(args.output, render(report, args.format, fail_on=fail_on))
+    if args.output is not None and not args.quiet:
+        # The report went to a file: the terminal still says what it holds.
+        sys.stderr.write(f"qdq: wrote {args.output}: {summary_line(report, fail_on)}\n")
     if report.unreadable:
         return EXIT_UNREADABLE
     failing = report.failing(fail_on)
     return EXIT_FINDINGS if failing and not args.exit_zero and args.write_baseline is None else EXIT_CLEAN
+
+
+def _run_every_target(args: argparse.Namespace) -> int:
+    """`--target all`: each model against every shipped rule set, one table (or JSON document) per run."""
+    if args.format not in ("text", "json"):
+        raise UsageError(f"--target {ALL_TARGETS} writes text or json, not {args.format}")
+    if args.baseline is not None or args.write_baseline is not None:
+        raise UsageError(f"--target {ALL_TARGETS} takes no baseline: a baseline records one rule set's findings")
+    config = project_config(args)
+    fail_on = resolve_fail_on(args, config)
+    rulesets = {name: resolve_ruleset(argparse.Namespace(**{**vars(args), "target": name}), config)
+                for name in builtin_targets()}
+    paths = model_paths(args.models)
+    reads = [p for rs in rulesets.values() for p in input_files(args, config, rs)] + paths
+    _check_outputs([args.output] if args.output is not None else [], reads)
+    models: list[tuple[Path, dict | str]] = []
+    for path in paths:
+        try:
+            model = load_model(path)
+        except ModelLoadError as exc:
+            message = str(exc).strip().splitlines()[0]
+            sys.stderr.write(f"qdq: error: {message}\n")
+            models.append((path, message))
+            continue
+        _check_outputs([args.output] if args.output is not None else [], model.input_files)
+        results = {}
+        for name, ruleset in rulesets.items():
+            log.info("linting %s with rule set %r (%d rules)", path, name, len(ruleset.enabled()))
+            results[name] = lint(model, ruleset)
+            drop_ignored(results[name], config.per_node_ignores)
+        models.append((path, results))
+    linted = [results for _, results in models if not isinstance(results, str)]
+    if not linted:
+        return EXIT_UNREADABLE  # every model failed, each said so on stderr: there is nothing to report
+    if args.format == "json":
+        emit(args.output, matrix.document(models, fail_on))
+    else:
+        emit(args.output, "\n".join(matrix.render_text(path, results, fail_on)
+                                    for path, results in models if not isinstance(results, str)))
+    if args.output is not None and not args.quiet:
+        for path, results in models:
+            if not isinstance(results, str):
+                sys.stderr.write(f"qdq: wrote {args.output}: {matrix.verdict_line(path, results, fail_on)}\n")
+    if len(linted) < len(models):
+        return EXIT_UNREADABLE
+    fails = any(result.failing(fail_on) for results in linted for result in results.values())
+    return EXIT_FINDINGS if fails and not args.exit_zero else EXIT_CLEAN
 
 
 def _lint_each(paths: list[Path], ruleset: RuleSet, per_node_ignores: dict[str, list[str]], outputs: list[Path],

@@ -13,7 +13,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     parser = subparsers.add_parser("rules", help="list the rules of a rule set", description="List the rules a "
                                    "rule set runs, with severity and whether each has an automatic fix (exact or approximate).")
     add_ruleset_args(parser)
-    parser.add_argument("--all", action="store_true", help="also list rules the set turns off")
+    parser.add_argument("--all", action="store_true",
+                        help="list every rule qdq has, marking those the set turns off or does not run")
     parser.add_argument("--format", choices=("text", "json"), default="text")
     add_logging_args(parser)
     return parser
@@ -23,18 +24,19 @@ def run(args: argparse.Namespace) -> int:
     ruleset = resolve_ruleset(args, project_config(args))
     registry = all_rules()
     rows = []
-    for code, cfg in sorted(ruleset.rules.items()):
-        if not cfg.enabled and not args.all:
+    for code in sorted(registry if args.all else ruleset.rules):
+        cfg, rule = ruleset.rules.get(code), registry[code]
+        if not args.all and not cfg.enabled:
             continue
-        rule = registry[code]
         rows.append({
             "code": code,
             "name": rule.name,
-            "severity": str(cfg.severity),
-            "enabled": cfg.enabled,
+            "severity": str(cfg.severity if cfg else rule.severity),
+            "enabled": bool(cfg and cfg.enabled),
+            "in_set": cfg is not None,
             "fix": str(rule.fix_safety) if rule.fix_safety else None,
             "summary": rule.doc().splitlines()[0] if rule.doc() else "",
-            "params": cfg.params,
+            "params": cfg.params if cfg else rule.parameters,
         })
     if args.format == "json":
         print(json.dumps({"ruleset": ruleset.name, "rules": rows}, indent=2))
@@ -42,7 +44,7 @@ def run(args: argparse.Namespace) -> int:
     print(f"Rule set {ruleset.name!r}: {ruleset.description}")
     for row in rows:
         fix = row["fix"] or "-"
-        state = "" if row["enabled"] else " (off)"
+        state = "" if row["enabled"] else " (off)" if row["in_set"] else f" (not in {ruleset.name!r})"
         print(f"  {row['code']}  {row['name']:<28} {row['severity']:<8} fix:{fix:<12} {row['summary']}{state}")
     print(f"{len(rows)} rules. `qdq explain CODE` for details.")
     return 0

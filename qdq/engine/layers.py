@@ -28,6 +28,9 @@ _DTYPES = {
 }
 _LAYER_SEPARATOR = re.compile(r"^--- Layer \d+ ---\s*$", re.MULTILINE)
 
+# The version of a file whose keys do not tell it (names-only layer lists).
+UNKNOWN_VERSION = "unknown"
+
 
 class EngineFileError(QdqError):
     """A layer-info or profile file that cannot be read as trtexec output."""
@@ -308,7 +311,7 @@ def _version(raw_layers: list, root: Any, layers: list[Layer]) -> str:
     if isinstance(root, dict) and "I/O Tensors" in root:
         return "11.x"
     if not layers[0].detailed:
-        return "names-only"
+        return UNKNOWN_VERSION  # a names-only file has no keys to tell versions apart
     metadata = "".join(str(r.get("Metadata", "")) for r in raw_layers)
     types = {str(r.get("LayerType")) for r in raw_layers}
     if "\x1f" in metadata or types & {"kgen", "gemm", "shape_call"}:

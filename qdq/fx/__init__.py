@@ -12,8 +12,10 @@ and `tqt_pow2_qconfig_mapping()` learns power-of-two thresholds (TQT).
 
 try:
     import torch
-except ImportError as error:
-    raise ImportError("qdq.fx needs PyTorch: pip install 'qdq[torch]'") from error
+except ImportError:
+    # `from None`: the user needs the one line that says what to install, not torch's own import error.
+    raise ImportError("qdq.fx needs PyTorch, which is not installed: pip install 'qdq[torch]' (CPU-only build: "
+                      "add --extra-index-url https://download.pytorch.org/whl/cpu)", name="torch") from None
 del torch  # imported only to fail early with the line above; the submodules import it themselves
 
 from qdq.fx.export import export, qdq_scopes

@@ -25,6 +25,7 @@ from qdq.engine.hazards import RULES
 from qdq.engine.layers import Layer
 from qdq.engine.onnx_map import OnnxMapping
 from qdq.reports import engine_graph
+from qdq.reports.engine_text import tensorrt
 
 TOP_LAYERS = 25  # chart rows: the layers with the largest time difference; the rest are summed in a note
 COLOURS = {"A": "#4c72b0", "B": "#dd8452"}
@@ -126,7 +127,7 @@ class _Page:
         c = self.comparison
         notes = c.notes + (self.mapping.notes if self.mapping else [])
         engines = "<br>".join(
-            f"{side} ({role}): <code>{escape(str(engine.path))}</code> [TensorRT {escape(engine.version)}]"
+            f"{side} ({role}): <code>{escape(str(engine.path))}</code> [{escape(tensorrt(engine))}]"
             + (f", profile <code>{escape(str(engine.profile_path))}</code>" if engine.profile_path else "")
             for side, role, engine in (("A", "reference", c.a), ("B", "candidate", c.b)))
         nav = [("summary", "Summary"), ("graphs", "Engine graphs"), ("differences", f"Differences ({len(c.differences)})"), ("rules", "Rules"),

@@ -6,13 +6,13 @@ from collections import Counter
 
 from qdq.engine.diff import Comparison, summary
 from qdq.engine.hazards import RULES, Hazard
-from qdq.engine.layers import Engine
+from qdq.engine.layers import UNKNOWN_VERSION, Engine
 from qdq.engine.onnx_map import OnnxMapping
 
 
 def render_comparison(comparison: Comparison, mapping: OnnxMapping | None, failed: list[str]) -> str:
     a, b = comparison.a, comparison.b
-    lines = [f"A (reference): {a.path}  [TensorRT {a.version}]", f"B (candidate): {b.path}  [TensorRT {b.version}]", ""]
+    lines = [f"A (reference): {a.path}  [{tensorrt(a)}]", f"B (candidate): {b.path}  [{tensorrt(b)}]", ""]
     lines += _totals_table(comparison)
     lines.append("")
     # Notes first: they say how far the differences below can be trusted.
@@ -100,7 +100,7 @@ def _next_step(comparison: Comparison, mapping: OnnxMapping | None) -> list[str]
 
 def render_inspection(engine: Engine, found: list[Hazard], top: int) -> str:
     s = summary(engine)
-    lines = [f"{engine.path}  [TensorRT {engine.version}, {'detailed' if engine.detailed else 'names only'}]",
+    lines = [f"{engine.path}  [{tensorrt(engine)}, {'detailed' if engine.detailed else 'names only'}]",
              f"  {s['layers_without_noops']} layers (+{s['layers'] - s['layers_without_noops']} NoOp/Constant), "
              f"{s['qdq_layers']} standalone Q/DQ, {s['reformat_layers']} reformats"
              + (f", {s['int8_layers']} INT8 compute layers" if s["int8_layers"] is not None else "")
@@ -130,3 +130,8 @@ def render_inspection(engine: Engine, found: list[Hazard], top: int) -> str:
     counts = Counter(h.kind for h in found)
     lines += ["", "Summary: " + (", ".join(f"{n} {kind}" for kind, n in counts.items()) or "clean")]
     return "\n".join(lines) + "\n"
+
+
+def tensorrt(engine: Engine) -> str:
+    """`TensorRT 8.2`, or `TensorRT version unknown` for a file whose keys do not tell it."""
+    return "TensorRT version unknown" if engine.version == UNKNOWN_VERSION else f"TensorRT {engine.version}"
