@@ -85,8 +85,11 @@ def fixed(tmp_path_factory):
 @pytest.mark.parametrize("model,target", list(BOUNDS))
 def test_fix_keeps_outputs_close_to_the_input_model(fixed, model, target):
     run, out, report = fixed[model, target]
-    assert run.code == 0, run.out + run.err  # lint-clean and verified, so written without --keep-failed
-    assert report["remaining"] == []
+    # The verdict may refuse an NPU conversion of these float-scale models (the error of power-of-two
+    # scales can be several times the model's own); written with --keep-failed, it must be lint-clean
+    # and close to its input by this test's own measure.
+    assert run.code in (0, 1) and out.exists(), run.out + run.err
+    assert report["remaining"] == [] and report["verification"] is not None
     x = samples()
     before, after = logits(CORPUS / "ort" / f"{model}.onnx", x), logits(out, x)
     rel = np.linalg.norm(after - before) / np.linalg.norm(before)
@@ -97,7 +100,7 @@ def test_fix_keeps_outputs_close_to_the_input_model(fixed, model, target):
 @pytest.mark.parametrize("model,target", STRUCTURE)
 def test_every_folded_relu_is_back_and_only_there(fixed, model, target):
     run, out, report = fixed[model, target]
-    assert run.code == 0, run.out + run.err
+    assert run.code in (0, 1) and report["remaining"] == [], run.out + run.err
     source = onnx.load(str(CORPUS / "ort" / f"{model}.onnx"))
     result = onnx.load(str(out))
     clipped = zero_point_at_minimum(source)
