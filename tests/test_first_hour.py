@@ -13,8 +13,11 @@ from pathlib import Path
 import pytest
 from cli_run import qdq
 
+from qdq.ruleset import builtin_targets
+
 REPO = Path(__file__).resolve().parent.parent
 CORPUS = REPO / "tests" / "corpus"
+TARGETS = builtin_targets()  # every shipped rule set, in the order commands list them
 
 
 def test_trt_reports_the_uint8_activations_asymmetric_zero_points_once_with_what_it_needs():
@@ -57,15 +60,15 @@ def test_lint_to_a_file_says_on_the_terminal_what_the_file_holds(tmp_path):
     report = tmp_path / "report.sarif"
     run = qdq("lint", DEMO, "--target", "npu", "--format", "sarif", "-o", report)
     assert run.code == 1 and run.out == ""
-    assert run.err.startswith(f"qdq: wrote {report}: Found 11 findings") and run.err.count("\n") == 1
+    assert run.err.startswith(f"qdq: wrote {report}: Found 21 findings") and run.err.count("\n") == 1
     assert qdq("lint", DEMO, "--target", "npu", "-o", report, "-q").err == ""
 
 
 def test_writing_a_baseline_prints_the_summary_not_every_finding(tmp_path):
     run = qdq("lint", DEMO, "--target", "npu", "--write-baseline", tmp_path / "baseline.json")
     assert run.code == 0
-    assert run.out.startswith("Found 11 findings") and run.out.count("\n") == 1
-    assert run.err == f"qdq: wrote {tmp_path / 'baseline.json'}: the baseline records 11 findings\n"
+    assert run.out.startswith("Found 21 findings") and run.out.count("\n") == 1
+    assert run.err == f"qdq: wrote {tmp_path / 'baseline.json'}: the baseline records 21 findings\n"
 
 
 def test_explain_takes_a_rule_name_as_well_as_its_code():
@@ -104,7 +107,7 @@ def test_an_unknown_target_in_pyproject_names_the_file(tmp_path, monkeypatch):
     run = qdq("lint", DEMO)
     assert run.code == 2 and run.out == ""
     assert run.err == (f"qdq: error: {tmp_path / 'pyproject.toml'}: [tool.qdq] target: unknown target 'nppu' "
-                       "(known: common, npu, ort, trt, trt8)\n")
+                       f"(known: {', '.join(TARGETS)})\n")
 
 
 def test_inspect_engine_header_of_a_names_only_file_says_the_version_is_unknown():
@@ -232,12 +235,11 @@ def test_lint_target_all_shows_every_target_side_by_side():
     run = qdq("lint", DEMO, "--target", "all")
     assert run.code == 1
     header, *rows = run.out.splitlines()
-    assert header.split()[1:] == ["common", "npu", "ort", "trt", "trt8"]
-    cells = {line.split()[0]: line.split()[2:] for line in rows if line.startswith("  QDQ")}
-    assert cells["QDQ610"] == [".", "6E", ".", ".", "."]  # float biases: the NPU's error only
-    assert cells["QDQ204"] == ["5W"] * 5
-    one_at_a_time = [qdq("lint", DEMO, "--target", t, "--format", "json").json()["summary"]
-                     for t in ("common", "npu", "ort", "trt", "trt8")]
+    assert header.split()[1:] == TARGETS
+    cells = {line.split()[0]: dict(zip(TARGETS, line.split()[2:])) for line in rows if line.startswith("  QDQ")}
+    assert [t for t, cell in cells["QDQ610"].items() if cell != "."] == ["npu"]  # float biases: the NPU's error only
+    assert set(cells["QDQ204"].values()) == {"5W"}
+    one_at_a_time = [qdq("lint", DEMO, "--target", t, "--format", "json").json()["summary"] for t in TARGETS]
     totals = [line for line in rows if line.strip().startswith("findings (fixable)")][0].split()[2::2]
     assert [int(n) for n in totals] == [s["error"] + s["warning"] + s["info"] for s in one_at_a_time]
 
@@ -247,9 +249,12 @@ def test_lint_target_all_as_json_for_ci(tmp_path):
     run = qdq("lint", DEMO, "--target", "all", "--format", "json", "-o", out, "--fail-on", "error")
     (model,) = json.loads(out.read_text())["models"]
     verdicts = {target: entry["verdict"] for target, entry in model["targets"].items()}
-    assert verdicts == {"common": "passes", "npu": "fails", "ort": "passes", "trt": "passes", "trt8": "passes"}
-    assert run.code == 1 and model["targets"]["npu"]["rules"] == {"QDQ204": 5, "QDQ610": 6}
-    assert run.out == "" and run.err == f"qdq: wrote {out}: {DEMO}: passes for common, ort, trt, trt8; fails for npu\n"
+    # At --fail-on error only the NPU's float biases fail (trt11's FP32 float parts are warnings).
+    assert verdicts == {t: "fails" if t == "npu" else "passes" for t in TARGETS}
+    assert run.code == 1 and {k: v for k, v in model["targets"]["npu"]["rules"].items() if k != "QDQ811"} == \
+        {"QDQ204": 5, "QDQ610": 6}
+    passing = ", ".join(t for t in TARGETS if verdicts[t] == "passes")
+    assert run.out == "" and run.err == f"qdq: wrote {out}: {DEMO}: passes for {passing}; fails for npu\n"
     assert qdq("lint", DEMO, "--target", "all", "--format", "sarif").code == 2
 
 
@@ -269,8 +274,8 @@ def _bash_completes(script: str, *words: str) -> list[str]:
 def test_bash_completes_commands_options_and_their_values():
     script = qdq("completion", "bash").out
     assert _bash_completes(script, "qdq", "ins") == ["inspect", "inspect-engine"]
-    assert _bash_completes(script, "qdq", "lint", "m.onnx", "--target", "") == ["common", "npu", "ort", "trt", "trt8", "all"]
-    assert _bash_completes(script, "qdq", "fix", "m.onnx", "--target", "t") == ["trt", "trt8"]  # no `all` for fix
+    assert _bash_completes(script, "qdq", "lint", "m.onnx", "--target", "") == [*TARGETS, "all"]
+    assert _bash_completes(script, "qdq", "fix", "m.onnx", "--target", "t") == [t for t in TARGETS if t.startswith("t")]
     assert _bash_completes(script, "qdq", "lint", "--format", "s") == ["sarif"]
     assert "--write-baseline" in _bash_completes(script, "qdq", "lint", "--w")
     assert "float-bias" in _bash_completes(script, "qdq", "explain", "f")

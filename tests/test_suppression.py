@@ -58,10 +58,11 @@ def test_a_pattern_is_the_whole_node_name(capsys, folder):
 
 def test_fix_reports_what_lint_reports(capsys, folder):
     model = folder / "models" / "mixed.onnx"
-    # The zero scale of w_dq has no automatic fix: it is what remains after fixing.
-    assert run(capsys, "fix", model, "--dry-run")[0] == 1
+    # The zero scale of w_dq has no automatic fix: it is what remains after fixing. (It also makes
+    # the output one value everywhere, which no verdict can judge: the findings are the point here.)
+    assert run(capsys, "fix", model, "--dry-run", "--no-verify")[0] == 1
     pyproject(folder, '[tool.qdq.per-node-ignores]\n"w_dq" = ["QDQ001"]')
-    code, out, _ = run(capsys, "fix", model, "--dry-run", "--format", "json")
+    code, out, _ = run(capsys, "fix", model, "--dry-run", "--format", "json", "--no-verify")
     assert code == 0 and json.loads(out)["remaining"] == []
 
 
