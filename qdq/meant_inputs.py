@@ -53,7 +53,9 @@ def meant_inputs(reference: Path, candidate: Path, twin: Twin, twin_source, crit
             chosen = amplitude
             break
     share = "the whole input range" if chosen == 1.0 else f"{chosen:g} of the input range"
-    label = f"random (seed {seed}, {count} sample(s), smooth, over {share}: the model's quantizers saturate rarely)"
+    rarely = ("the model's quantizers saturate rarely" if saturation <= criterion.max_saturation else
+              f"even so {100 * saturation:.1f} % of quantized values saturate")
+    label = f"random (seed {seed}, {count} sample(s), smooth, over {share}: {rarely})"
     samples = draw(chosen, seed, count)
     names = twin.outputs
     runs = [dict(zip(names, _run(probe, names, feeds))) for feeds in samples]

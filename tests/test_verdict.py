@@ -215,3 +215,10 @@ def test_samples_that_all_give_the_same_output_are_no_evidence(tmp_path):
     assert run_.code == 1 and "no evidence" in run_.out, run_.out
     np.savez(tmp_path / "bytes.npz", bytes=RNG.integers(0, 50, (3, 8)).astype(np.int32))
     assert qdq("verify", path, path, "--target", "trt", "--inputs", tmp_path / "bytes.npz").code == 0
+
+
+def test_the_label_says_when_no_amplitude_keeps_the_quantizers_from_saturating(tmp_path):
+    """An output grid far too fine for anything the Conv writes: even the smallest amplitude saturates it."""
+    model = conv_net(tmp_path / "m.onnx", 0.02, 1e-6)
+    label = qdq("verify", model, model, "--target", "npu", "--format", "json").json()["inputs"]
+    assert "0.0625 of the input range: even so" in label and "saturate rarely" not in label, label
