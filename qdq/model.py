@@ -228,7 +228,7 @@ def save_model(
     progress.step(f"writing {out_path.name}")
     with gc_paused():  # the walk makes a Python object per tensor: collections over a large graph would cost seconds
         proto = to_proto(model)
-        tensors = list(_all_tensor_protos(proto.graph))
+        tensors = list(all_tensor_protos(proto.graph))
     created: list[Path] = []
     try:
         if any(_is_external(t) for t in tensors) or model.uses_external_data:
@@ -400,7 +400,7 @@ def _check_external_data(proto: onnx.ModelProto, path: Path) -> list[Path]:
     of bounds or outside the model folder."""
     base = path.parent.resolve()
     locations = set()
-    for tensor in _all_tensor_protos(proto.graph):
+    for tensor in all_tensor_protos(proto.graph):
         if not _is_external(tensor):
             continue
         info = {entry.key: entry.value for entry in tensor.external_data}
@@ -444,7 +444,7 @@ def _is_external(tensor: TensorProto) -> bool:
     return tensor.data_location == TensorProto.EXTERNAL
 
 
-def _all_tensor_protos(graph: onnx.GraphProto) -> Iterator[TensorProto]:
+def all_tensor_protos(graph: onnx.GraphProto) -> Iterator[TensorProto]:
     """Every TensorProto in a graph: initializers (sparse ones' values and indices too), Constant
     attributes, and those of subgraphs."""
     yield from graph.initializer
@@ -457,9 +457,9 @@ def _all_tensor_protos(graph: onnx.GraphProto) -> Iterator[TensorProto]:
                 yield attr.t
             yield from attr.tensors
             if attr.HasField("g"):
-                yield from _all_tensor_protos(attr.g)
+                yield from all_tensor_protos(attr.g)
             for sub in attr.graphs:
-                yield from _all_tensor_protos(sub)
+                yield from all_tensor_protos(sub)
 
 
 def _write_data_file(tensors: list[TensorProto], source_dir: Path, out_path: Path) -> Path:

@@ -35,6 +35,7 @@ import onnx
 from qdq import progress
 from qdq.errors import QdqError, RuleSetError
 from qdq.meant_inputs import meant_inputs, watch
+from qdq.model import all_tensor_protos
 from qdq.ruleset import RuleSet
 from qdq.twin import Twin, float_twin
 from qdq.verify import (
@@ -120,7 +121,8 @@ def judge(
     if twin.model is not None and samples is None:
         watch(twin)  # the twin also outputs what its quantizers read: random inputs are chosen on it
     twin_source = _twin_source(twin, reference) if twin.model is not None else None
-    observe = (reference, candidate, twin, twin_source, criterion, samples, inputs_label, seed, shapes)
+    one_at_a_time = _weight_bytes(reference, proto) > _ONE_AT_A_TIME_BYTES
+    observe = (reference, candidate, twin, twin_source, criterion, samples, inputs_label, seed, shapes, one_at_a_time)
     runtime = "onnxruntime, default optimisations" if optimized else "onnxruntime, optimisations off"
     try:
         samples, inputs_label, (ref_out, cand_out, twin_out) = _observe(*observe, optimized)
@@ -157,15 +159,15 @@ def judge(
 
 
 def _observe(reference: Path, candidate: Path, twin: Twin, twin_source, criterion: Criterion, samples: list | None,
-             label: str, seed: int, shapes: dict | None, optimized: bool):
+             label: str, seed: int, shapes: dict | None, one_at_a_time: bool, optimized: bool):
     """(samples, label, (input's, candidate's, twin's outputs)) on the user's samples; without them on random
     inputs the model is meant to see, and when those tell nothing, on white noise over the whole input range."""
     if samples is not None:
-        return samples, label, _run_models(reference, candidate, twin_source, samples, optimized, label)
+        return samples, label, _run_models(reference, candidate, twin_source, samples, optimized, label, one_at_a_time)
     for chosen, source, first in ((twin, twin_source, seed), (Twin(None, 0), None, seed + 1)):
         samples, label, twin_out = meant_inputs(reference, candidate, chosen, source, criterion, first, shapes)
         ref_out, cand_out, ran_twin = _run_models(reference, candidate, twin_source if twin_out is None else None,
-                                                  samples, optimized, label)
+                                                  samples, optimized, label, one_at_a_time)
         outputs = ref_out, cand_out, twin_out if twin_out is not None else ran_twin
         if all(_evidence(name, ref_out, outputs[2], len(samples)) for name in ref_out):
             break
@@ -212,24 +214,15 @@ def _twin_source(twin: Twin, reference: Path):
     from qdq.runtime import InMemory
 
     data = twin.model.SerializeToString()
-    return InMemory(data, reference.parent.resolve()) if any(True for _ in _external_tensors(twin.model.graph)) else data
+    return InMemory(data, reference.parent.resolve()) if _external(twin.model) else data
 
 
-def _external_tensors(graph: onnx.GraphProto):
-    sparse = [t for s in graph.sparse_initializer for t in (s.values, s.indices)]
-    for tensor in [*graph.initializer, *sparse]:
-        if tensor.data_location == onnx.TensorProto.EXTERNAL:
-            yield tensor
-    for node in graph.node:
-        for attr in node.attribute:
-            if attr.type == onnx.AttributeProto.TENSOR and attr.t.data_location == onnx.TensorProto.EXTERNAL:
-                yield attr.t
-            for sub in ([attr.g] if attr.type == onnx.AttributeProto.GRAPH else list(attr.graphs)):
-                yield from _external_tensors(sub)
+def _external(proto: onnx.ModelProto) -> list[onnx.TensorProto]:
+    return [t for t in all_tensor_protos(proto.graph) if t.data_location == onnx.TensorProto.EXTERNAL]
 
 
 def _run_models(reference: Path, candidate: Path, twin: bytes | Path | None, samples: list[dict],
-                optimized: bool, label: str) -> tuple[dict, dict, dict | None]:
+                optimized: bool, label: str, one_at_a_time: bool) -> tuple[dict, dict, dict | None]:
     """Each model's outputs by name over all samples: the input's, the candidate's, the twin's.
 
     The input's and the candidate's sessions are built side by side; a model with more weights than
@@ -239,7 +232,6 @@ def _run_models(reference: Path, candidate: Path, twin: bytes | Path | None, sam
     from qdq.runtime import sessions
 
     jobs = [(reference, optimized), (candidate, optimized)] + ([(twin, False)] if twin is not None else [])
-    one_at_a_time = _weight_bytes(reference) > _ONE_AT_A_TIME_BYTES
     outputs: list[dict | None] = []
     built = [] if one_at_a_time else _built(jobs, sessions)
     for number, (model, level) in enumerate(jobs):
@@ -297,12 +289,7 @@ def _outputs(session, model, number: int, reference: Path, candidate: Path, samp
     return {name: as_array(value, name, path) for name, value in runs.items()}
 
 
-def _weight_bytes(path: Path) -> int:
-    """The bytes of the model file and its external data: what each session holds."""
-    size = path.stat().st_size
-    proto = onnx.load(str(path), load_external_data=False)
-    for tensor in _external_tensors(proto.graph):
-        for entry in tensor.external_data:
-            if entry.key == "length":
-                size += int(entry.value)
-    return size
+def _weight_bytes(path: Path, proto: onnx.ModelProto) -> int:
+    """The bytes of the model file and its external data (`proto`, read without it): what each session holds."""
+    return path.stat().st_size + sum(int(entry.value) for tensor in _external(proto) for entry in tensor.external_data
+                                     if entry.key == "length")
