@@ -29,7 +29,7 @@ from qdq.model import Model, gc_paused
 from qdq.names import Names
 from qdq.quant_index import QuantIndex
 from qdq.rule import Change, CheckContext, Finding, FixContext, FixSafety, Rule, ScaleCeilings
-from qdq.ruleset import RuleSet, load_target
+from qdq.ruleset import RuleSet
 
 log = logging.getLogger("qdq")
 
@@ -104,8 +104,7 @@ def fix(
 
 
 def _refuse_unread(model: Model, ruleset: RuleSet) -> None:
-    cfg = ruleset.rules.get("QDQ006") or load_target("common").rules["QDQ006"]  # a set that does not extend common
-    quantizers, _ = unread_ops(model.graph.nodes, cfg.params)
+    quantizers, _ = unread_ops(model.graph.nodes, ruleset.params_of("QDQ006"))
     if quantizers:
         raise QdqError(f"{model.path}: quantized with ops qdq does not read ({describe(quantizers)}); nothing written: export "
                        "QuantizeLinear/DequantizeLinear (QCDQ) instead, e.g. Brevitas export_onnx_qcdq or QONNX's "

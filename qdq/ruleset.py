@@ -62,6 +62,12 @@ class RuleSet:
         """The codes of the enabled rules: what a check asks when it judges a value after another rule's fix."""
         return frozenset(code for code, cfg in self.rules.items() if cfg.enabled)
 
+    def params_of(self, code: str) -> dict[str, Any]:
+        """A rule's parameters as this set configures it, enabled or not; from the shipped `common` set
+        when this set does not extend it (QDQ006's lists of ops qdq does not read hold whatever the set)."""
+        cfg = self.rules.get(code) or load_target("common").rules[code]
+        return cfg.params
+
     def fix_sequence(self) -> list[tuple[Rule, RuleConfig]]:
         """The enabled rules that have a fix, in the set's `fix-order`, then by code."""
         order = [p.upper() for p in self.fix_order]

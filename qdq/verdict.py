@@ -115,7 +115,7 @@ def judge(
     """
     reference, candidate = Path(reference), Path(candidate)
     proto = onnx.load(str(reference), load_external_data=False)
-    twin = float_twin(proto, ruleset.rules["QDQ006"].params if "QDQ006" in ruleset.rules else {}, reference.parent) \
+    twin = float_twin(proto, ruleset.params_of("QDQ006"), reference.parent) \
         if not exact else Twin(None, 0, "the change claims to be exact")
     optimized = criterion.runtime == "optimized" and not exact
     if twin.model is not None and samples is None:
