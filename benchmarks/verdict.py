@@ -20,7 +20,6 @@ summary counts, for a grid of (margin, epsilon), how often the verdict agrees wi
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import io
 import json
 import sys

@@ -39,8 +39,8 @@ from qdq.model import all_tensor_protos
 from qdq.ruleset import RuleSet
 from qdq.twin import Twin, float_twin
 from qdq.verify import (
-    CandidateFailed, OutputComparison, UnfeedableInput, VerifyResult, as_array, cannot_load, compare_arrays, run_all,
-    RunFailed, shape_text,
+    CandidateFailed, UnfeedableInput, VerifyResult, as_array, cannot_load, check_same_outputs,
+    check_same_shape, compare_arrays, run_all, RunFailed,
 )
 
 log = logging.getLogger("qdq")
@@ -139,9 +139,7 @@ def judge(
     )
     for name, a in ref_out.items():
         b = cand_out[name]
-        if a.shape != b.shape:
-            raise CandidateFailed(f"output {name!r} has shape {shape_text(a.shape)} in {reference} but "
-                                  f"{shape_text(b.shape)} in {candidate}")
+        check_same_shape(name, a, b, reference, candidate)
         row = compare_arrays(name, a, b, criterion.atol, criterion.rtol, criterion.min_sqnr)
         basis = twin_out[name] if twin_out is not None else a
         row.evidence = _evidence(name, ref_out, twin_out, len(samples))
@@ -241,12 +239,7 @@ def _run_models(reference: Path, candidate: Path, twin: bytes | Path | None, sam
         if not one_at_a_time:
             built[number] = None
     ref_out, cand_out = outputs[0], outputs[1]
-    if set(ref_out) != set(cand_out):
-        only_ref = [n for n in ref_out if n not in cand_out]
-        only_cand = [n for n in cand_out if n not in ref_out]
-        parts = ([f"only in {reference}: {', '.join(only_ref)}"] if only_ref else []) + \
-                ([f"only in {candidate}: {', '.join(only_cand)}"] if only_cand else [])
-        raise CandidateFailed(f"the models have different outputs ({'; '.join(parts)})")
+    check_same_outputs(reference, candidate, list(ref_out), list(cand_out))
     twin_out = {name: outputs[2][name] for name in ref_out} if twin is not None else None
     return ref_out, cand_out, twin_out
 

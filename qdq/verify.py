@@ -380,15 +380,7 @@ def compare(
     ref_session, cand_session = _sessions(reference, candidate)
     ref_names = [o.name for o in ref_session.get_outputs()]
     cand_names = [o.name for o in cand_session.get_outputs()]
-    if set(ref_names) != set(cand_names):
-        only_ref = [n for n in ref_names if n not in cand_names]
-        only_cand = [n for n in cand_names if n not in ref_names]
-        parts = []
-        if only_ref:
-            parts.append(f"only in {reference}: {', '.join(only_ref)}")
-        if only_cand:
-            parts.append(f"only in {candidate}: {', '.join(only_cand)}")
-        raise CandidateFailed(f"the models have different outputs ({'; '.join(parts)})")
+    check_same_outputs(reference, candidate, ref_names, cand_names)
     try:
         ref_out = run_all(ref_session, reference, ref_names, samples)
     except RunFailed as exc:
@@ -407,12 +399,25 @@ def compare(
     for name in ref_names:
         a = as_array(ref_out[name], name, reference)
         b = as_array(cand_out[name], name, candidate)
-        if a.shape != b.shape:
-            raise CandidateFailed(
-                f"output {name!r} has shape {shape_text(a.shape)} in {reference} but {shape_text(b.shape)} in {candidate}"
-            )
+        check_same_shape(name, a, b, reference, candidate)
         result.outputs.append(compare_arrays(name, a, b, atol, rtol, min_sqnr))
     return result
+
+
+def check_same_outputs(reference: Path, candidate: Path, ref_names, cand_names) -> None:
+    """The candidate must have the reference's outputs, by name (qdq's fixes never add or drop one)."""
+    if set(ref_names) != set(cand_names):
+        only_ref = [n for n in ref_names if n not in cand_names]
+        only_cand = [n for n in cand_names if n not in ref_names]
+        parts = ([f"only in {reference}: {', '.join(only_ref)}"] if only_ref else []) + \
+                ([f"only in {candidate}: {', '.join(only_cand)}"] if only_cand else [])
+        raise CandidateFailed(f"the models have different outputs ({'; '.join(parts)})")
+
+
+def check_same_shape(name: str, a: np.ndarray, b: np.ndarray, reference: Path, candidate: Path) -> None:
+    if a.shape != b.shape:
+        raise CandidateFailed(f"output {name!r} has shape {shape_text(a.shape)} in {reference} but "
+                              f"{shape_text(b.shape)} in {candidate}")
 
 
 def compare_arrays(

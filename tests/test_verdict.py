@@ -7,7 +7,6 @@ and one that keeps 20 dB against the input while tripling the quantization error
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import numpy as np
@@ -71,7 +70,7 @@ def test_the_twin_computes_in_float_with_the_dequantized_weights(tmp_path, clip)
 
 def test_no_twin_without_activation_pairs_or_with_integer_kernels(tmp_path):
     b = GraphBuilder(opset=13)
-    conv = b.node("Conv", [b.input("x", [1, 4, 8, 8]), b.weight("w", W, 0.01)], ["y"], name="conv")
+    b.node("Conv", [b.input("x", [1, 4, 8, 8]), b.weight("w", W, 0.01)], ["y"], name="conv")
     b.output("y", [1, 8, 6, 6])
     assert "no activation" in float_twin(b.model(), COVERAGE).reason
     proto = onnx.load(str(Path(__file__).parent / "corpus" / "ort" / "resnet_qoperator.onnx"))
