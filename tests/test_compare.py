@@ -161,8 +161,8 @@ def test_json_schema_is_stable(capsys):
                                              "qdq_nodes", "details", "findings"}
 
 
-def test_onnx_findings_attach_to_the_layer_of_their_q_node(capsys, tmp_path):
-    """A Q/DQ pair named like the engine's QuantizeLinear_98, with [1]-shaped qparams (QDQ201)."""
+def onnx_for_mobilenet(tmp_path: Path) -> Path:
+    """A Q/DQ pair named like the MobileNet engines' QuantizeLinear_98, with [1]-shaped qparams (QDQ201)."""
     b = GraphBuilder(opset=13)
     x = b.input("x", [1, 4, 8, 8])
     w = b.dq(b.init("w_q", np.ones((4, 4, 3, 3), np.int8)), 0.02, name="w_dq")
@@ -171,7 +171,11 @@ def test_onnx_findings_attach_to_the_layer_of_their_q_node(capsys, tmp_path):
     yq = b.node("QuantizeLinear", [y, scale, zp], name="QuantizeLinear_98")
     b.node("DequantizeLinear", [yq, scale, zp], ["y"], name="DequantizeLinear_99")
     b.output("y", [1, 4, 6, 6])
-    model = b.save(tmp_path / "bad.onnx")
+    return b.save(tmp_path / "bad.onnx")
+
+
+def test_onnx_findings_attach_to_the_layer_of_their_q_node(capsys, tmp_path):
+    model = onnx_for_mobilenet(tmp_path)
     _, report, _ = compare(capsys, graph(MOBILENET, "mobilenet_v2_residuals.qat"), graph(MOBILENET, "mobilenet.qat"),
                            "--onnx", model)
     diff = next(d for d in report["differences"] if d["b"] == "QuantizeLinear_98")

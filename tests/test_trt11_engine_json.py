@@ -11,9 +11,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-import numpy as np
 import pytest
-from builders import GraphBuilder
+from test_compare import onnx_for_mobilenet
 
 import cli
 
@@ -43,19 +42,6 @@ def without_origin(text: str) -> str:
     for folder in (CONVERTED, ORIGINAL):
         text = text.replace(str(folder), "<folder>")
     return re.sub(r"(TensorRT |\"version\": \")(11\.x|8\.4-8\.5)", r"\1<v>", text)
-
-
-def onnx_for_mobilenet(tmp_path: Path) -> Path:
-    """A Q/DQ pair named like the engines' QuantizeLinear_98 (with a QDQ201 finding) for the ONNX mapping."""
-    b = GraphBuilder(opset=13)
-    x = b.input("x", [1, 4, 8, 8])
-    w = b.dq(b.init("w_q", np.ones((4, 4, 3, 3), np.int8)), 0.02, name="w_dq")
-    y = b.node("Conv", [b.dq(b.q(x, 0.05, name="QuantizeLinear_2"), 0.05, name="dq_in"), w], name="Conv_94")
-    scale, zp = b.init("s98", np.array([0.1], np.float32)), b.init("z98", np.array([0], np.int8))
-    yq = b.node("QuantizeLinear", [y, scale, zp], name="QuantizeLinear_98")
-    b.node("DequantizeLinear", [yq, scale, zp], ["y"], name="DequantizeLinear_99")
-    b.output("y", [1, 4, 6, 6])
-    return b.save(tmp_path / "bad.onnx")
 
 
 @pytest.mark.parametrize("fmt", ["json", "text", "html"])
