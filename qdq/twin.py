@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 import onnx
-from onnx import TensorProto, helper, numpy_helper
+from onnx import helper, numpy_helper
 
 from qdq.checks.coverage import describe, unread_ops
 from qdq.ops import DEQUANTIZE, QDQ_DOMAINS, QUANTIZE
@@ -59,7 +59,6 @@ def float_twin(model: onnx.ModelProto, coverage: dict[str, Any], folder: Path | 
         return Twin(None, 0, f"it quantizes in ops whose float form qdq does not know ({describe({**quantizers, **integers})})")
     constant = _constant_names(graph)
     producers = {name: node for node in graph.node for name in node.output if name}
-    types = _constant_types(graph)
     quantized = [(node.input[0], node) for node in graph.node
                  if _is(node, QUANTIZE) and node.input[0] not in constant]
     replaced: dict[int, list[onnx.NodeProto]] = {}
@@ -74,7 +73,7 @@ def float_twin(model: onnx.ModelProto, coverage: dict[str, Any], folder: Path | 
             source = producers.get(source.input[0])  # Q → integer Clip → DQ (reduced range, Brevitas QCDQ)
         if source is None or not _is(source, QUANTIZE) or source.input[0] in constant:
             continue
-        to = _output_type(node, types)
+        to = _output_type(node, ranges)
         if to is None:
             continue  # a scale computed at run time: the DQ's float type is unknown, keep the pair
         replaced[position] = _float_form(source, node, to, ranges, constants, opset, producers)
@@ -139,27 +138,11 @@ def _constant_names(graph: onnx.GraphProto) -> set[str]:
     return known
 
 
-def _constant_types(graph: onnx.GraphProto) -> dict[str, int]:
-    """The element type of each constant tensor, through Identity and Cast."""
-    types = {t.name: t.data_type for t in graph.initializer}
-    for node in graph.node:
-        if node.op_type == "Constant":
-            for attr in node.attribute:
-                if attr.name == "value":
-                    types[node.output[0]] = attr.t.data_type
-                elif attr.name in ("value_float", "value_floats"):
-                    types[node.output[0]] = TensorProto.FLOAT
-        elif node.op_type == "Identity" and node.input and node.input[0] in types:
-            types[node.output[0]] = types[node.input[0]]
-        elif node.op_type == "Cast" and node.input and node.input[0] in types:
-            types[node.output[0]] = next(a.i for a in node.attribute if a.name == "to")
-    return types
-
-
-def _output_type(dq: onnx.NodeProto, types: dict[str, int]) -> int | None:
+def _output_type(dq: onnx.NodeProto, ranges: Quantizers) -> int | None:
     """The float type a DequantizeLinear writes: its `output_dtype` (opset 23), else its scale's type."""
     declared = next((a.i for a in dq.attribute if a.name == "output_dtype"), 0)
-    return declared or types.get(dq.input[1])
+    scale = ranges.constant(dq.input[1]) if not declared else None
+    return declared or (scale[1] if scale is not None else None)
 
 
 def _drop_dead_nodes(graph: onnx.GraphProto) -> None:

@@ -625,8 +625,8 @@ class Quantizers:
         if attrs.get("block_size", 0):
             return None
         has_zp = len(q.input) > 2 and bool(q.input[2])
-        scale = self._constant(q.input[1])
-        zp = self._constant(q.input[2]) if has_zp else None
+        scale = self.constant(q.input[1])
+        zp = self.constant(q.input[2]) if has_zp else None
         if scale is None or scale[1] not in _SCALE_TYPES or (has_zp and zp is None):
             return None
         qtype = quant_type(zp[1] if zp is not None else (attrs.get("output_dtype") or TensorProto.UINT8))
@@ -662,7 +662,7 @@ class Quantizers:
         bounds = [attrs.get("min"), attrs.get("max")]
         for slot in (1, 2):
             if len(clip.input) > slot and clip.input[slot]:
-                found = self._constant(clip.input[slot])
+                found = self.constant(clip.input[slot])
                 if found is None:
                     return qmin, qmax
                 bounds[slot - 1] = float(found[0].ravel()[0])
@@ -670,7 +670,7 @@ class Quantizers:
         return (qmin if low is None else max(qmin, math.ceil(low)),
                 qmax if high is None else min(qmax, math.floor(high)))
 
-    def _constant(self, name: str) -> tuple[np.ndarray, int] | None:
+    def constant(self, name: str) -> tuple[np.ndarray, int] | None:
         """The value and element type of `name` if constants alone make it, through Identity and Cast."""
         cast_to, seen = None, set()
         while name not in self.initializers:
