@@ -21,7 +21,7 @@ import onnx
 from qdq import progress
 from qdq.errors import QdqError
 from qdq.twin import Twin
-from qdq.verify import Quantizers, make_inputs
+from qdq.verify import Quantizers, RandomInputs, RunFailed, run_all
 
 log = logging.getLogger("qdq")
 
@@ -34,9 +34,10 @@ def meant_inputs(reference: Path, candidate: Path, twin: Twin, twin_source, crit
                  shapes: dict | None) -> tuple[list[dict[str, np.ndarray]], str, dict[str, np.ndarray] | None]:
     """`criterion.samples` feeds, their label for the report, and the twin's outputs on them when it ran
     them (the session that chose the amplitude computes them too: one twin session, not two)."""
+    drawn = RandomInputs(reference, shapes, range_from=candidate)
+
     def draw(amplitude: float, first: int, count: int) -> list[dict[str, np.ndarray]]:
-        return [make_inputs(reference, seed=first + i, shapes=shapes, range_from=candidate, amplitude=amplitude,
-                            smooth=twin_source is not None) for i in range(count)]
+        return [drawn.draw(first + i, amplitude, smooth=twin_source is not None) for i in range(count)]
 
     count = criterion.samples
     if twin_source is None or not twin.watched:
@@ -47,7 +48,7 @@ def meant_inputs(reference: Path, candidate: Path, twin: Twin, twin_source, crit
     chosen = _AMPLITUDES[-1]
     for amplitude in _AMPLITUDES:
         progress.step(f"choosing random inputs: amplitude {amplitude:g}")
-        saturation = _saturation(probe, ranges, watched, draw(amplitude, seed, 1)[0])
+        saturation = _saturation(probe, reference, ranges, watched, draw(amplitude, seed, 1)[0])
         log.debug("random inputs at amplitude %g: %.2f%% of quantized values saturate", amplitude, 100 * saturation)
         if saturation <= criterion.max_saturation:
             chosen = amplitude
@@ -57,11 +58,7 @@ def meant_inputs(reference: Path, candidate: Path, twin: Twin, twin_source, crit
               f"even so {100 * saturation:.1f} % of quantized values saturate")
     label = f"random (seed {seed}, {count} sample(s), smooth, over {share}: {rarely})"
     samples = draw(chosen, seed, count)
-    names = twin.outputs
-    runs = [dict(zip(names, _run(probe, names, feeds))) for feeds in samples]
-    outputs = {name: runs[0][name] if len(runs) == 1 else np.concatenate([np.atleast_1d(r[name]) for r in runs])
-               for name in names}
-    return samples, label, outputs
+    return samples, label, _twin_outputs(probe, reference, twin.outputs, samples)
 
 
 def watch(twin: Twin) -> None:
@@ -85,22 +82,17 @@ def _probe_session(source):
                        "this is a bug in qdq") from None
 
 
-def _run(probe, names: list[str], feeds: dict[str, np.ndarray]) -> list:
-    from qdq.runtime import run
-
-    needed = {i.name for i in probe.get_inputs()}
+def _twin_outputs(probe, reference: Path, names: list[str], samples: list[dict[str, np.ndarray]]) -> dict:
     try:
-        return run(probe, names, {k: v for k, v in feeds.items() if k in needed})
-    except Exception as exc:
-        raise QdqError(f"onnxruntime cannot run the float twin: {str(exc).splitlines()[0][:200]}; give --inputs") \
-            from None
+        return run_all(probe, reference, names, samples)
+    except RunFailed as exc:
+        raise QdqError(f"onnxruntime cannot run the float twin of {reference}: {exc.detail}; give --inputs") from None
 
 
-def _saturation(probe, ranges: Quantizers, watched: list[tuple[str, onnx.NodeProto]],
+def _saturation(probe, reference: Path, ranges: Quantizers, watched: list[tuple[str, onnx.NodeProto]],
                 feeds: dict[str, np.ndarray]) -> float:
     """The mean, over the watched quantizers, of the share of their input values past their range."""
-    names = [name for name, _ in watched]
-    values = dict(zip(names, _run(probe, names, feeds)))
+    values = _twin_outputs(probe, reference, [name for name, _ in watched], [feeds])
     shares = []
     for name, q in watched:
         value = values[name]

@@ -153,7 +153,13 @@ def make_inputs(
     amplitude: float = 1.0,
     smooth: bool = False,
 ) -> dict[str, np.ndarray]:
-    """Random values for every graph input of the model, reproducible for a seed.
+    """Random values for every graph input of the model, reproducible for a seed (`RandomInputs`)."""
+    return RandomInputs(model_path, shapes, range_from).draw(seed, amplitude, smooth)
+
+
+class RandomInputs:
+    """Random values for every graph input of a model, reproducible for a seed; the model is read once
+    for any number of draws.
 
     Dynamic dimensions become 1 unless `shapes` gives the input's shape. A float input that a
     QuantizeLinear reads is sampled uniformly over the float range that Q represents; other float
@@ -161,52 +167,58 @@ def make_inputs(
     ids) is uniform over the table's rows; other integer inputs are zeros and bool inputs False
     (random bits in a mask or a shape would change what the model computes). `range_from` is a
     second model to take that Q range from when this model's input has no Q (a float reference
-    compared with its quantized candidate). `amplitude` < 1 narrows float values around the middle
-    of that range (or the normal's spread); `smooth` makes image-like inputs (rank 4, at least 8×8)
-    spatially smooth, as pictures are (`qdq.meant_inputs`). An input of another type, without a
-    shape, or too large raises `UnfeedableInput`.
+    compared with its quantized candidate). An input of another type, without a shape, or too
+    large raises `UnfeedableInput` when drawn.
     """
-    model_path = Path(model_path)
-    graph = _load_graph(model_path)
-    inputs = _graph_inputs(graph)
-    shapes = dict(shapes or {})
-    _check_shapes(inputs, shapes, model_path)
-    quantizers = [Quantizers(graph, model_path.parent)]
-    if range_from is not None:
-        quantizers.append(Quantizers(_load_graph(Path(range_from)), Path(range_from).parent))
-    rng = np.random.default_rng(seed)
-    feeds: dict[str, np.ndarray] = {}
-    for value in inputs:
-        elem_type = _elem_type(value, model_path)
-        if elem_type not in _NUMPY_TYPES:
-            raise _cannot_feed(model_path, value.name, elem_type)
-        dtype = _NUMPY_TYPES[elem_type]
-        shape = _input_shape(value, shapes.get(value.name), model_path)
-        if math.prod(shape) * np.dtype(dtype).itemsize > _MAX_RANDOM_INPUT_BYTES:
-            raise UnfeedableInput(
-                model_path, f"input {value.name!r} of shape {shape_text(shape)} is too large for random inputs; "
-                "give --inputs FILE.npz"
-            )
-        if elem_type in _FLOAT_TYPES:
-            bounds = next((b for q in quantizers if (b := q.range_of(value.name, shape)) is not None), None)
-            if amplitude != 1.0 or smooth:
-                center, half = ((bounds[0] + bounds[1]) / 2, (bounds[1] - bounds[0]) / 2) if bounds is not None \
-                    else (0.0, 1.0)
-                noise = smooth_noise(rng, shape) if smooth else rng.uniform(-1.0, 1.0, size=shape)
-                feeds[value.name] = (center + amplitude * half * noise).astype(dtype)
-            elif bounds is not None:
-                low, high = bounds
-                log.debug("input %r: uniform over the Q range [%g, %g]", value.name, np.min(low), np.max(high))
-                feeds[value.name] = rng.uniform(low, high, size=shape).astype(dtype)
+
+    def __init__(self, model_path: Path, shapes: dict[str, tuple[int, ...]] | None = None,
+                 range_from: Path | None = None):
+        self.model_path = Path(model_path)
+        self.graph = _load_graph(self.model_path)
+        self.inputs = _graph_inputs(self.graph)
+        self.shapes = dict(shapes or {})
+        _check_shapes(self.inputs, self.shapes, self.model_path)
+        self.quantizers = [Quantizers(self.graph, self.model_path.parent)]
+        if range_from is not None:
+            self.quantizers.append(Quantizers(_load_graph(Path(range_from)), Path(range_from).parent))
+
+    def draw(self, seed: int = 0, amplitude: float = 1.0, smooth: bool = False) -> dict[str, np.ndarray]:
+        """One draw. `amplitude` < 1 narrows float values around the middle of their range (or the
+        normal's spread); `smooth` makes image-like inputs (rank 4, at least 8×8) spatially smooth, as
+        pictures are (`qdq.meant_inputs`)."""
+        model_path, rng = self.model_path, np.random.default_rng(seed)
+        feeds: dict[str, np.ndarray] = {}
+        for value in self.inputs:
+            elem_type = _elem_type(value, model_path)
+            if elem_type not in _NUMPY_TYPES:
+                raise _cannot_feed(model_path, value.name, elem_type)
+            dtype = _NUMPY_TYPES[elem_type]
+            shape = _input_shape(value, self.shapes.get(value.name), model_path)
+            if math.prod(shape) * np.dtype(dtype).itemsize > _MAX_RANDOM_INPUT_BYTES:
+                raise UnfeedableInput(
+                    model_path, f"input {value.name!r} of shape {shape_text(shape)} is too large for random inputs; "
+                    "give --inputs FILE.npz"
+                )
+            if elem_type in _FLOAT_TYPES:
+                bounds = next((b for q in self.quantizers if (b := q.range_of(value.name, shape)) is not None), None)
+                if amplitude != 1.0 or smooth:
+                    center, half = ((bounds[0] + bounds[1]) / 2, (bounds[1] - bounds[0]) / 2) if bounds is not None \
+                        else (0.0, 1.0)
+                    noise = smooth_noise(rng, shape) if smooth else rng.uniform(-1.0, 1.0, size=shape)
+                    feeds[value.name] = (center + amplitude * half * noise).astype(dtype)
+                elif bounds is not None:
+                    low, high = bounds
+                    log.debug("input %r: uniform over the Q range [%g, %g]", value.name, np.min(low), np.max(high))
+                    feeds[value.name] = rng.uniform(low, high, size=shape).astype(dtype)
+                else:
+                    log.debug("input %r: standard normal", value.name)
+                    feeds[value.name] = rng.standard_normal(shape).astype(dtype)
+            elif (rows := _index_rows(self.graph, value.name)) and elem_type != TensorProto.BOOL:
+                log.debug("input %r: uniform over the %d rows of the table it indexes", value.name, rows)
+                feeds[value.name] = rng.integers(0, rows, size=shape).astype(dtype)
             else:
-                log.debug("input %r: standard normal", value.name)
-                feeds[value.name] = rng.standard_normal(shape).astype(dtype)
-        elif (rows := _index_rows(graph, value.name)) and elem_type != TensorProto.BOOL:
-            log.debug("input %r: uniform over the %d rows of the table it indexes", value.name, rows)
-            feeds[value.name] = rng.integers(0, rows, size=shape).astype(dtype)
-        else:
-            feeds[value.name] = np.zeros(shape, dtype=dtype)
-    return feeds
+                feeds[value.name] = np.zeros(shape, dtype=dtype)
+        return feeds
 
 
 def smooth_noise(rng: np.random.Generator, shape: tuple[int, ...]) -> np.ndarray:
@@ -487,15 +499,15 @@ def cannot_load(path: Path, exc: Exception) -> str:
 
 
 def run_all(session, path: Path, names: list[str], samples: list[dict[str, np.ndarray]]) -> dict[str, object]:
-    """Each output by name; over several samples, their tensors concatenated on axis 0."""
-    runs = [_run(session, path, feeds) for feeds in samples]
+    """The outputs `names` (some or all of the session's); over several samples, their tensors concatenated on axis 0."""
+    runs = [_run(session, path, feeds, names) for feeds in samples]
     if len(runs) == 1:
         return dict(zip(names, runs[0]))
     return {name: np.concatenate([np.atleast_1d(as_array(run[i], name, path)) for run in runs])
             for i, name in enumerate(names)}
 
 
-def _run(session, path: Path, feeds: dict[str, np.ndarray]) -> list:
+def _run(session, path: Path, feeds: dict[str, np.ndarray], names: list[str]) -> list:
     needed = [i.name for i in session.get_inputs()]
     missing = [n for n in needed if n not in feeds]
     if missing:
@@ -507,7 +519,7 @@ def _run(session, path: Path, feeds: dict[str, np.ndarray]) -> list:
 
     declared = {i.name: _FLOAT_BY_ORT_TYPE.get(i.type) for i in session.get_inputs()}
     try:
-        return run(session, None, {n: _as_declared(feeds[n], declared[n]) for n in needed})
+        return run(session, names, {n: _as_declared(feeds[n], declared[n]) for n in needed})
     except Exception as exc:
         raise RunFailed(path, _first_line(exc)) from None
 
