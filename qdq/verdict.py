@@ -144,14 +144,18 @@ def judge(
         basis = twin_out[name] if twin_out is not None else a
         row.evidence = _evidence(name, ref_out, twin_out, len(samples))
         if exact:
-            row.passed = row.identical and row.evidence
+            held, row.verdict_failure = row.identical, "not bit-identical"
         elif twin_out is not None:
             row.input_to_twin = _distance(a, basis)
             row.candidate_to_twin = _distance(b, basis)
             row.allowed = row.input_to_twin * (1 + criterion.margin) + criterion.epsilon
-            row.passed = row.passed and row.evidence and row.candidate_to_twin <= row.allowed
+            held, row.verdict_failure = row.candidate_to_twin <= row.allowed, "further from the float twin"
         else:
-            row.passed = row.passed and row.evidence and row.sqnr_db >= criterion.fallback_min_sqnr
+            held, row.verdict_failure = row.sqnr_db >= criterion.fallback_min_sqnr, "SQNR too low"
+        if held:
+            row.verdict_failure = ""
+        gates = exact or row.passed  # the user's --atol/--rtol/--min-sqnr; an exact claim is held to identity alone
+        row.passed = gates and row.evidence and held
         result.outputs.append(row)
     return result
 
