@@ -20,8 +20,9 @@ import onnx
 
 from qdq import progress
 from qdq.errors import QdqError
+from qdq.pieces import PieceFailed, Pieces, joined
 from qdq.twin import Twin
-from qdq.verify import Quantizers, RandomInputs, RunFailed, run_all
+from qdq.verify import Quantizers, RandomInputs
 
 log = logging.getLogger("qdq")
 
@@ -30,20 +31,19 @@ _AMPLITUDES = (1.0, 0.5, 0.25, 0.125, 0.0625)
 _MAX_WATCHED = 256
 
 
-def meant_inputs(reference: Path, candidate: Path, twin: Twin, twin_source, criterion, seed: int,
+def meant_inputs(reference: Path, candidate: Path, twin: Twin, probe: Pieces | None, criterion, seed: int,
                  shapes: dict | None) -> tuple[list[dict[str, np.ndarray]], str, dict[str, np.ndarray] | None]:
     """`criterion.samples` feeds, their label for the report, and the twin's outputs on them when it ran
-    them (the session that chose the amplitude computes them too: one twin session, not two)."""
+    them (`probe`, the twin ready to run, chooses the amplitude and computes them: one twin run, not two)."""
     drawn = RandomInputs(reference, shapes, range_from=candidate)
 
     def draw(amplitude: float, first: int, count: int) -> list[dict[str, np.ndarray]]:
-        return [drawn.draw(first + i, amplitude, smooth=twin_source is not None) for i in range(count)]
+        return [drawn.draw(first + i, amplitude, smooth=probe is not None) for i in range(count)]
 
     count = criterion.samples
-    if twin_source is None or not twin.watched:
+    if probe is None or not twin.watched:
         return draw(1.0, seed, count), f"random (seed {seed}, {count} sample(s))", None
     watched = twin.watched
-    probe = _probe_session(twin_source)
     ranges = Quantizers(twin.model.graph, reference.parent)
     chosen = _AMPLITUDES[-1]
     for amplitude in _AMPLITUDES:
@@ -71,21 +71,13 @@ def watch(twin: Twin) -> None:
             declared.add(name)
 
 
-def _probe_session(source):
-    """The twin's session (bytes or file), watched tensors among its outputs."""
-    from qdq.runtime import session
-
+def _twin_outputs(probe: Pieces, reference: Path, names: list[str], samples: list[dict[str, np.ndarray]]) -> dict:
     try:
-        return session(source)
-    except Exception as exc:
-        raise QdqError(f"onnxruntime cannot load the float twin: {str(exc).splitlines()[0][:200]}; "
-                       "this is a bug in qdq") from None
-
-
-def _twin_outputs(probe, reference: Path, names: list[str], samples: list[dict[str, np.ndarray]]) -> dict:
-    try:
-        return run_all(probe, reference, names, samples)
-    except RunFailed as exc:
+        return joined(probe.run(samples, names, "the float twin"), names)
+    except PieceFailed as exc:
+        if exc.building:
+            raise QdqError(f"onnxruntime cannot load the float twin of {reference}: {exc.detail}; "
+                           "this is a bug in qdq") from None
         raise QdqError(f"onnxruntime cannot run the float twin of {reference}: {exc.detail}; give --inputs") from None
 
 

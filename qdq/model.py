@@ -206,7 +206,7 @@ def _imported_beside(checker: CheckerProcess, proto: onnx.ModelProto,
 
 
 def save_model(
-    model: Model, out_path: str | os.PathLike, in_place: bool = False, check: Callable[[Path], bool] | None = None
+    model: Model, out_path: str | os.PathLike, in_place: bool = False, check: Callable[[Path], None] | None = None
 ) -> None:
     """Write the model atomically, checked; external weights stay external and are never overwritten.
 
@@ -218,9 +218,8 @@ def save_model(
     not be the input model (unless `in_place`) or one of its data files. If anything fails, the
     files this call created are removed again and an existing output is left as it was.
 
-    `check` runs on the complete temporary file after the ONNX checker (`qdq fix` verifies the
-    numbers there); it may raise to stop the write, and returns whether it created an
-    onnxruntime session for the file, which then stands for qdq's own load check.
+    `check` runs on the complete temporary file once the ONNX checker and onnxruntime accept it
+    (`qdq fix` verifies the numbers there); it may raise to stop the write.
     """
     out_path = Path(out_path)
     protected = [f for f in model.input_files if not (in_place and same_file(Path(f), model.path))]
@@ -272,7 +271,7 @@ def _settle_element_types(graph: ir.Graph) -> None:
             out.dtype = implied
 
 
-def _check_output(model: Model, written: Path, out_path: Path, check: Callable[[Path], bool] | None) -> None:
+def _check_output(model: Model, written: Path, out_path: Path, check: Callable[[Path], None] | None) -> None:
     """Refuse to move a model into place that the full ONNX checker or onnxruntime refuses.
 
     Such a model is qdq's fault, not the user's: the message says so. An input that fails the
@@ -280,8 +279,9 @@ def _check_output(model: Model, written: Path, out_path: Path, check: Callable[[
     """
     progress.step(f"checking {out_path.name} before writing it")
     _refuse_if_worse(model, written, out_path, "the ONNX checker", _checker_refusal)
-    if check is None or not check(written):
-        _refuse_if_worse(model, written, out_path, "onnxruntime", _onnxruntime_refusal)
+    _refuse_if_worse(model, written, out_path, "onnxruntime", _onnxruntime_refusal)
+    if check is not None:
+        check(written)
 
 
 def _refuse_if_worse(model: Model, written: Path, out_path: Path, name: str, refusal: Callable[[Path], str | None]) -> None:

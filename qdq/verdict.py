@@ -34,20 +34,17 @@ import onnx
 
 from qdq import progress
 from qdq.errors import QdqError, RuleSetError
+from qdq.change import changed_region, whole
 from qdq.meant_inputs import meant_inputs, watch
-from qdq.model import all_tensor_protos
+from qdq.pieces import PieceFailed, Pieces, element_types, joined
 from qdq.ruleset import RuleSet
 from qdq.twin import Twin, float_twin
 from qdq.verify import (
     CandidateFailed, UnfeedableInput, VerifyResult, as_array, cannot_load, check_same_outputs,
-    check_same_shape, compare_arrays, run_all, RunFailed,
+    check_same_shape, compare_arrays,
 )
 
 log = logging.getLogger("qdq")
-
-# Past this many bytes of weights, sessions are built and run one at a time, each freed before the
-# next: three sessions of a model with gigabytes of weights do not fit beside each other.
-_ONE_AT_A_TIME_BYTES = 512 << 20
 
 
 class _OptimizedRefused(Exception):
@@ -115,20 +112,21 @@ def judge(
     """
     reference, candidate = Path(reference), Path(candidate)
     proto = onnx.load(str(reference), load_external_data=False)
+    fixed = onnx.load(str(candidate), load_external_data=False)
     twin = float_twin(proto, ruleset.params_of("QDQ006"), reference.parent) \
         if not exact else Twin(None, 0, "the change claims to be exact")
     optimized = criterion.runtime == "optimized" and not exact
     if twin.model is not None and samples is None:
         watch(twin)  # the twin also outputs what its quantizers read: random inputs are chosen on it
-    twin_source = _twin_source(twin, reference) if twin.model is not None else None
-    one_at_a_time = _weight_bytes(reference, proto) > _ONE_AT_A_TIME_BYTES
-    observe = (reference, candidate, twin, twin_source, criterion, samples, inputs_label, seed, shapes, one_at_a_time)
+    observe = (criterion, samples, inputs_label, seed, shapes)
     runtime = "onnxruntime, default optimisations" if optimized else "onnxruntime, optimisations off"
     try:
-        samples, inputs_label, (ref_out, cand_out, twin_out) = _observe(*observe, optimized)
+        runs = _Runs(reference, proto, candidate, fixed, twin, optimized)
+        samples, inputs_label, (ref_out, cand_out, twin_out) = _observe(runs, *observe)
     except _OptimizedRefused as refused:  # the input itself does not run as users run it: judge what the file says
         runtime = f"onnxruntime, optimisations off (the input model fails with its default optimisations: {refused})"
-        samples, inputs_label, (ref_out, cand_out, twin_out) = _observe(*observe, False)
+        runs = _Runs(reference, proto, candidate, fixed, twin, False)
+        samples, inputs_label, (ref_out, cand_out, twin_out) = _observe(runs, *observe)
     result = VerifyResult(
         reference=str(reference), candidate=str(candidate), inputs=inputs_label, atol=criterion.atol,
         rtol=criterion.rtol, min_sqnr=criterion.min_sqnr,
@@ -160,21 +158,78 @@ def judge(
     return result
 
 
-def _observe(reference: Path, candidate: Path, twin: Twin, twin_source, criterion: Criterion, samples: list | None,
-             label: str, seed: int, shapes: dict | None, one_at_a_time: bool, optimized: bool):
+def _observe(runs: _Runs, criterion: Criterion, samples: list | None, label: str, seed: int, shapes: dict | None):
     """(samples, label, (input's, candidate's, twin's outputs)) on the user's samples; without them on random
     inputs the model is meant to see, and when those tell nothing, on white noise over the whole input range."""
     if samples is not None:
-        return samples, label, _run_models(reference, candidate, twin_source, samples, optimized, label, one_at_a_time)
-    for chosen, source, first in ((twin, twin_source, seed), (Twin(None, 0), None, seed + 1)):
-        samples, label, twin_out = meant_inputs(reference, candidate, chosen, source, criterion, first, shapes)
-        ref_out, cand_out, ran_twin = _run_models(reference, candidate, twin_source if twin_out is None else None,
-                                                  samples, optimized, label, one_at_a_time)
-        outputs = ref_out, cand_out, twin_out if twin_out is not None else ran_twin
-        if all(_evidence(name, ref_out, outputs[2], len(samples)) for name in ref_out):
+        return samples, label, runs.outputs(samples, label)
+    for chosen, probe, first in ((runs.twin, runs.twin_pieces, seed), (Twin(None, 0), None, seed + 1)):
+        samples, label, twin_out = meant_inputs(runs.reference, runs.candidate, chosen, probe, criterion, first, shapes)
+        outputs = runs.outputs(samples, label, twin_out)
+        if all(_evidence(name, outputs[0], outputs[2], len(samples)) for name in outputs[0]):
             break
         log.info("the reference's outputs carry no information on %s; trying the input range whole", label)
     return samples, label, outputs
+
+
+class _Runs:
+    """The three models of a verdict, ready to run in pieces (`qdq.pieces`): the input model, the fixed
+    model's changed region (`qdq.change`) fed with the input's values at its boundary, and the float twin."""
+
+    def __init__(self, reference: Path, proto: onnx.ModelProto, candidate: Path, fixed: onnx.ModelProto,
+                 twin: Twin, optimized: bool):
+        self.reference, self.candidate, self.twin, self.optimized = reference, candidate, twin, optimized
+        self.output_names = [o.name for o in proto.graph.output]
+        check_same_outputs(reference, candidate, self.output_names, [o.name for o in fixed.graph.output])
+        progress.step("finding what the fix changed")
+        self.region = whole(fixed) if optimized else changed_region(proto, reference.parent, fixed, candidate.parent)
+        log.info("the fixed model differs from the input in %d of its %d nodes", self.region.nodes, self.region.of)
+        types = element_types(proto)  # the twin's and the region's tensors are the input's, where they have its names
+        self.reference_pieces = Pieces(proto, reference.parent, keep=self.region.boundary, optimized=optimized,
+                                       types=types)
+        self.region_pieces = Pieces(self.region.model, candidate.parent, optimized=optimized, types=types) \
+            if self.region.model.graph.output else None
+        self.twin_pieces = Pieces(twin.model, reference.parent, types=types) if twin.model is not None else None
+
+    def outputs(self, samples: list[dict], label: str, twin_out: dict | None = None) -> tuple[dict, dict, dict | None]:
+        """Each model's outputs by name over all samples: the input's, the candidate's, the twin's
+        (`twin_out` when the caller has them). The input runs first: when it fails, the input is at fault."""
+        names = self.output_names
+        ref_runs = self._run(self.reference_pieces, samples, names + self.region.boundary, 0, label)
+        cand_runs = [{name: run[name] for name in self.region.unchanged_outputs} for run in ref_runs]
+        if self.region_pieces is not None:
+            fed = [{**feeds, **{name: run[name] for name in self.region.boundary}}
+                   for feeds, run in zip(samples, ref_runs)]
+            changed = self._run(self.region_pieces, fed, self.region_pieces.outputs, 1, label)
+            for run, values in zip(cand_runs, changed):
+                run.update(values)
+        if twin_out is None and self.twin_pieces is not None:
+            twin_out = joined(self._run(self.twin_pieces, samples, names, 2, label), names)
+        as_arrays = [{name: as_array(value, name, path) for name, value in joined(runs, names).items()}
+                     for runs, path in ((ref_runs, self.reference), (cand_runs, self.candidate))]
+        return as_arrays[0], as_arrays[1], twin_out
+
+    def _run(self, pieces: Pieces, samples: list[dict], names: list[str], number: int, label: str) -> list[dict]:
+        """One model's run; a failure is blamed on the input (exit 2), qdq (a bug) or the twin (a bug)."""
+        what = ("the input model", "the fixed model" if self.region.nodes == self.region.of else
+                f"the fixed model's {self.region.nodes} changed node(s)", "the float twin")[number]
+        path = (self.reference, self.candidate, self.reference)[number]
+        try:
+            return pieces.run(samples, names, what)
+        except PieceFailed as failed:
+            if failed.building and number == 0 and self.optimized:
+                raise _OptimizedRefused(failed.detail[:200]) from None
+            if failed.building and number == 0:
+                raise QdqError(cannot_load(path, failed)) from None
+            if number == 0:
+                where = f" on {label}" if label else ""
+                raise UnfeedableInput(path, f"onnxruntime cannot run the model{where} ({failed.detail}); "
+                                            "give --inputs") from None
+            if number == 1:
+                raise CandidateFailed(cannot_load(path, failed) if failed.building else f"{path}: {failed.detail}") \
+                    from None
+            raise QdqError(f"{path}: onnxruntime cannot {'load' if failed.building else 'run'} its float twin "
+                           f"({failed.detail}); this is a bug in qdq") from None
 
 
 def informative(values: np.ndarray) -> bool:
@@ -209,84 +264,3 @@ def _distance(values: np.ndarray, basis: np.ndarray) -> float:
     if diff == 0.0:
         return 0.0
     return diff / norm if norm > 0 else math.inf
-
-
-def _twin_source(twin: Twin, reference: Path):
-    """What onnxruntime loads the twin from: its bytes, reading external data from the input's folder."""
-    from qdq.runtime import InMemory
-
-    data = twin.model.SerializeToString()
-    return InMemory(data, reference.parent.resolve()) if _external(twin.model) else data
-
-
-def _external(proto: onnx.ModelProto) -> list[onnx.TensorProto]:
-    return [t for t in all_tensor_protos(proto.graph) if t.data_location == onnx.TensorProto.EXTERNAL]
-
-
-def _run_models(reference: Path, candidate: Path, twin: bytes | Path | None, samples: list[dict],
-                optimized: bool, label: str, one_at_a_time: bool) -> tuple[dict, dict, dict | None]:
-    """Each model's outputs by name over all samples: the input's, the candidate's, the twin's.
-
-    The input's and the candidate's sessions are built side by side; a model with more weights than
-    `_ONE_AT_A_TIME_BYTES` builds, runs and frees one session at a time, so memory holds one.
-    The input's refusal is reported first: the input is at fault then, not qdq.
-    """
-    from qdq.runtime import sessions
-
-    jobs = [(reference, optimized), (candidate, optimized)] + ([(twin, False)] if twin is not None else [])
-    outputs: list[dict | None] = []
-    built = [] if one_at_a_time else _built(jobs, sessions)
-    for number, (model, level) in enumerate(jobs):
-        session = _built([(model, level)], sessions)[0] if one_at_a_time else built[number]
-        outputs.append(_outputs(session, model, number, reference, candidate, samples, label, level))
-        del session
-        if not one_at_a_time:
-            built[number] = None
-    ref_out, cand_out = outputs[0], outputs[1]
-    check_same_outputs(reference, candidate, list(ref_out), list(cand_out))
-    twin_out = {name: outputs[2][name] for name in ref_out} if twin is not None else None
-    return ref_out, cand_out, twin_out
-
-
-def _built(jobs, sessions) -> list:
-    """Sessions for (model, optimized) jobs, grouped by level so each group builds side by side."""
-    result: list = [None] * len(jobs)
-    for level in (True, False):
-        group = [i for i, (_, lvl) in enumerate(jobs) if lvl == level]
-        if group:
-            progress.step(f"building {len(group)} onnxruntime session(s)")
-            for i, made in zip(group, sessions(*(jobs[i][0] for i in group), optimized=level)):
-                result[i] = made
-    return result
-
-
-def _outputs(session, model, number: int, reference: Path, candidate: Path, samples: list[dict],
-             label: str, optimized: bool) -> dict[str, np.ndarray]:
-    """One model's outputs; a failure is blamed on the input (exit 2), qdq (a bug) or the twin (fallback)."""
-    path = [reference, candidate, reference][number]
-    if isinstance(session, Exception):
-        if number == 0 and optimized:
-            raise _OptimizedRefused(str(session).strip().splitlines()[0][:200])
-        if number == 0:
-            raise QdqError(cannot_load(reference, session))
-        if number == 1:
-            raise CandidateFailed(cannot_load(candidate, session))
-        raise QdqError(f"{reference}: onnxruntime cannot load its float twin ({session}); this is a bug in qdq")
-    names = [o.name for o in session.get_outputs()]
-    progress.step(f"running {['the input model', 'the fixed model', 'the float twin'][number]} on {len(samples)} "
-                  "sample(s)")
-    try:
-        runs = run_all(session, path, names, samples)
-    except RunFailed as exc:
-        if number == 0:
-            where = f" on {label}" if label else ""
-            raise UnfeedableInput(reference, f"onnxruntime cannot run the model{where} ({exc.detail}); give --inputs") \
-                from None
-        raise CandidateFailed(str(exc)) from None
-    return {name: as_array(value, name, path) for name, value in runs.items()}
-
-
-def _weight_bytes(path: Path, proto: onnx.ModelProto) -> int:
-    """The bytes of the model file and its external data (`proto`, read without it): what each session holds."""
-    return path.stat().st_size + sum(int(entry.value) for tensor in _external(proto) for entry in tensor.external_data
-                                     if entry.key == "length")

@@ -178,24 +178,25 @@ def _save_verified(
     """Write the fixed model where it goes, judged on the very file written: (verification, why skipped, written).
 
     The verdict (`qdq.verdict`, the one `qdq verify` gives) runs on the complete temporary file
-    before it is renamed into place, so its onnxruntime session doubles as the check that
-    onnxruntime loads what qdq writes, and a model that fails is never moved into place (unless
-    --keep-failed; never over the input with --in-place). A dry run verifies a copy in a temporary folder.
+    before it is renamed into place, so a model that fails is never moved into place (unless
+    --keep-failed; never over the input with --in-place). It runs only the part of the file the
+    fix changed, in pieces, after onnxruntime has loaded the file whole once (`save_model`'s own
+    check). A dry run verifies a copy in a temporary folder.
     """
     target = args.model if args.in_place else args.output
     found: dict = {"verification": None, "skipped": None}
     exact = all(all_rules()[c.code].fix_safety == FixSafety.EXACT for c in fixed.changes)
 
-    def verify(candidate: Path) -> bool:
+    def verify(candidate: Path) -> None:
         if inputs is None or not fixed.changes:
-            return False
+            return
         try:
             progress.step("judging the fixed model against the input's float twin in onnxruntime")
             result = judge(args.model, candidate, ruleset, criterion, inputs.samples, inputs.label, inputs.seed,
                            inputs.shapes, exact=exact)
         except UnfeedableInput as exc:
             found["skipped"] = exc.reason
-            return False
+            return
         except CandidateFailed as exc:  # the input ran: the fixed model is at fault
             where = str(target or args.model)
             raise InvalidOutputError(f"{where}: not written: {str(exc).replace(str(candidate), where)}; "
@@ -205,7 +206,6 @@ def _save_verified(
         found["verification"] = result
         if not result.passed and not args.keep_failed:
             raise _Rejected
-        return True
 
     written = False
     try:

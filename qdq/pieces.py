@@ -1,0 +1,234 @@
+"""Running a model in pieces: consecutive slices of its nodes, each its own onnxruntime session.
+
+onnxruntime's session build grows faster than the node count (ladder models, optimisations off,
+on a loaded 2-core machine: 1.1 s at 1k nodes, 14 s at 10k, 46 s at 20k), and a session holds
+every weight it reads, so a model with GiB of weights needs that much memory per session. A slice
+of at most `MAX_NODES` nodes and `MAX_BYTES` of weights builds in time proportional to its size
+and holds only its own weights; slices run one after another, each freed before the next unless
+the whole model is small, and pass on only the tensors later slices or the caller need.
+
+With optimisations off every node runs its own kernel, so the values are those of one
+whole-model session, bit for bit. With them on, a cut could split a fused node unit, so an
+optimised run is one slice: the model whole, as users run it.
+"""
+
+from __future__ import annotations
+
+import heapq
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import onnx
+from onnx import helper
+
+from qdq import progress
+from qdq.verify import RunFailed, run_all
+
+log = logging.getLogger("qdq")
+
+MAX_NODES = 5000
+MAX_BYTES = 256 << 20
+# Below this many bytes of weights in all, a model's slices keep their sessions between runs.
+_KEEP_SESSIONS_BYTES = 512 << 20
+
+
+class PieceFailed(Exception):
+    """onnxruntime refused to build a slice (`building`) or to run one; `detail` is its first line."""
+
+    def __init__(self, detail: str, building: bool):
+        super().__init__(detail)
+        self.detail, self.building = detail, building
+
+
+@dataclass
+class _Slice:
+    nodes: list[onnx.NodeProto]
+    reads: list[str]  # tensors it takes from the caller or from earlier slices
+    gives: list[str]  # tensors it computes that later slices or the caller need
+    weights: list[onnx.TensorProto]
+    session: object = None
+
+
+class Pieces:
+    """A model to run in slices. `keep`: tensors the caller may ask for besides the model's outputs.
+
+    Tensors the caller feeds need not be graph inputs: a region of a model cut out by
+    `qdq.change` reads the values another model computed.
+    """
+
+    def __init__(self, model: onnx.ModelProto, folder: Path, keep: list[str] = (), optimized: bool = False,
+                 types: dict[str, int] | None = None, max_nodes: int = MAX_NODES, max_bytes: int = MAX_BYTES):
+        self.model, self.folder, self.optimized = model, Path(folder), optimized
+        self._types = types or {}  # element types of tensors passed between slices, where known beforehand
+        self.outputs = [o.name for o in model.graph.output]
+        graph = model.graph
+        self._declared = {v.name: v for v in graph.input if v.HasField("type")}  # the others: typed by their values
+        self._weights = {t.name: t for t in graph.initializer}
+        nodes = topological(graph)
+        whole = optimized or nodes is None or any(_has_subgraph(n) for n in graph.node)
+        if whole:  # one slice: what onnxruntime fuses, or what a cut cannot follow, stays together
+            nodes, max_nodes, max_bytes = list(graph.node), len(graph.node) + 1, float("inf")
+        self._slices = self._cut(nodes, set(self.outputs) | set(keep), max_nodes, max_bytes)
+        self._keep_sessions = sum(map(_bytes, graph.initializer)) <= _KEEP_SESSIONS_BYTES
+
+    @property
+    def count(self) -> int:
+        return len(self._slices)
+
+    def run(self, samples: list[dict[str, np.ndarray]], names: list[str], what: str) -> list[dict[str, np.ndarray]]:
+        """Per sample, the tensors `names`; `what` names the model on the progress line and in errors."""
+        values = [dict(feeds) for feeds in samples]
+        last_use = {name: i for i, piece in enumerate(self._slices) for name in piece.reads}
+        self._build_ahead(values[0], what)
+        for index, piece in enumerate(self._slices):
+            session = self._session(piece, values[0], index, what)
+            progress.step(f"running {what}" + (f", piece {index + 1} of {self.count}" if self.count > 1 else ""))
+            for sample in values:
+                feeds = {name: sample[name] for name in piece.reads if name in sample}
+                try:
+                    sample.update(run_all(session, Path(what), piece.gives, [feeds]))
+                except RunFailed as exc:
+                    raise PieceFailed(exc.detail, building=False) from None
+                for name in [n for n, last in last_use.items() if last == index and n not in names]:
+                    sample.pop(name, None)
+            if not self._keep_sessions:
+                piece.session = None
+        missing = [n for n in names if n not in values[0]]
+        if missing:
+            raise PieceFailed(f"no value for {', '.join(missing)}", building=False)
+        return [{name: sample[name] for name in names} for sample in values]
+
+    def _cut(self, nodes: list[onnx.NodeProto], wanted: set[str], max_nodes: int, max_bytes: float) -> list[_Slice]:
+        groups, current, size = [], [], 0
+        for node in nodes:
+            weight = sum(_bytes(self._weights[n]) for n in node.input if n in self._weights)
+            if current and (len(current) >= max_nodes or size + weight > max_bytes):
+                groups.append(current)
+                current, size = [], 0
+            current.append(node)
+            size += weight
+        groups.append(current)
+        read_later: set[str] = set(wanted)
+        slices: list[_Slice] = []
+        for group in reversed(groups):  # what each slice must give is what later slices read
+            made = {o for n in group for o in n.output if o}
+            reads = list(dict.fromkeys(i for n in group for i in n.input if i and i not in made))
+            weights = [self._weights[n] for n in reads if n in self._weights]
+            reads = [n for n in reads if n not in self._weights]
+            gives = [o for n in group for o in n.output if o in read_later]
+            slices.append(_Slice(group, reads, gives, weights))
+            read_later |= set(reads)
+        return slices[::-1]
+
+    def _build_ahead(self, example: dict[str, np.ndarray], what: str) -> None:
+        """Build the slices' sessions side by side, two at a time, when they are kept and typed beforehand:
+        onnxruntime builds without the interpreter lock, so two cores build two slices at once."""
+        waiting = [piece for piece in self._slices if piece.session is None]
+        if len(waiting) < 2 or not self._keep_sessions or not all(
+                name in self._declared or name in self._types or name in example
+                for piece in waiting for name in piece.reads):
+            return
+        from qdq.runtime import sessions
+
+        for start in range(0, len(waiting), 2):
+            pair = waiting[start:start + 2]
+            progress.step(f"building onnxruntime sessions for {what}, pieces {start + 1}-{start + len(pair)} "
+                          f"of {len(waiting)}")
+            for piece, made in zip(pair, sessions(*(self._source(p, example) for p in pair), optimized=self.optimized)):
+                if not isinstance(made, Exception):  # a refusal is met again, and reported, when the slice runs
+                    piece.session = made
+
+    def _source(self, piece: _Slice, example: dict[str, np.ndarray]):
+        from qdq.runtime import InMemory
+
+        data = self._slice_model(piece, example).SerializeToString()
+        external = any(t.data_location == onnx.TensorProto.EXTERNAL for t in piece.weights)
+        return InMemory(data, self.folder.resolve()) if external else data
+
+    def _session(self, piece: _Slice, example: dict[str, np.ndarray], index: int, what: str):
+        if piece.session is not None:
+            return piece.session
+        from qdq.runtime import session
+
+        progress.step(f"building an onnxruntime session for {what}"
+                      + (f", piece {index + 1} of {self.count}" if self.count > 1 else ""))
+        try:
+            made = session(self._source(piece, example), self.optimized)
+        except Exception as exc:  # the caller says whose model it was
+            raise PieceFailed(str(exc).strip().splitlines()[0][:300] if str(exc).strip() else type(exc).__name__,
+                              building=True) from None
+        piece.session = made
+        return made
+
+    def _slice_model(self, piece: _Slice, example: dict[str, np.ndarray]) -> onnx.ModelProto:
+        """The slice as a model: graph inputs keep their declared types; a tensor from an earlier slice
+        or the caller is typed by the value in hand (its dimensions left free: samples may differ)."""
+        inputs = []
+        for name in piece.reads:
+            if name in self._declared:
+                inputs.append(self._declared[name])
+            elif name in self._types:
+                inputs.append(helper.make_tensor_value_info(name, self._types[name], None))
+            elif name in example:
+                value = example[name]
+                inputs.append(helper.make_tensor_value_info(
+                    name, helper.np_dtype_to_tensor_dtype(value.dtype), [None] * np.ndim(value)))
+        outputs = [onnx.ValueInfoProto(name=name) for name in piece.gives]
+        graph = helper.make_graph(piece.nodes, self.model.graph.name or "piece", inputs, outputs, piece.weights)
+        made = helper.make_model(graph, opset_imports=self.model.opset_import, ir_version=self.model.ir_version)
+        made.functions.extend(self.model.functions)
+        return made
+
+
+def element_types(model: onnx.ModelProto) -> dict[str, int]:
+    """The element type of each tensor onnx's shape inference can tell (none where it fails on the model)."""
+    try:
+        inferred = onnx.shape_inference.infer_shapes(model)
+    except Exception as exc:  # custom ops, models past 2 GB: slices are then typed by the values in hand
+        log.debug("shape inference failed (%s); pieces are typed as they run", str(exc).splitlines()[0][:200])
+        return {}
+    graph = inferred.graph
+    return {v.name: v.type.tensor_type.elem_type for v in [*graph.value_info, *graph.input, *graph.output]
+            if v.type.HasField("tensor_type") and v.type.tensor_type.elem_type}
+
+
+def joined(runs: list[dict[str, np.ndarray]], names: list[str]) -> dict[str, np.ndarray]:
+    """Each tensor over all samples, concatenated on axis 0 (as `qdq.verify.run_all` gives them)."""
+    if len(runs) == 1:
+        return {name: runs[0][name] for name in names}
+    return {name: np.concatenate([np.atleast_1d(run[name]) for run in runs]) for name in names}
+
+
+def _bytes(tensor: onnx.TensorProto) -> int:
+    if tensor.data_location == onnx.TensorProto.EXTERNAL:
+        return next((int(e.value) for e in tensor.external_data if e.key == "length"), 0)
+    return tensor.ByteSize()
+
+
+def _has_subgraph(node: onnx.NodeProto) -> bool:
+    return any(a.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS) for a in node.attribute)
+
+
+def topological(graph: onnx.GraphProto) -> list[onnx.NodeProto] | None:
+    """The nodes, each after what it reads and otherwise in file order (None when there is no such order: a cycle)."""
+    producer = {o: i for i, n in enumerate(graph.node) for o in n.output if o}
+    readers: dict[int, list[int]] = {}
+    waiting = []
+    for i, node in enumerate(graph.node):
+        sources = {producer[name] for name in node.input if name in producer} - {i}
+        waiting.append(len(sources))
+        for source in sources:
+            readers.setdefault(source, []).append(i)
+    ready = [i for i, count in enumerate(waiting) if count == 0]
+    heapq.heapify(ready)
+    order = []
+    while ready:
+        i = heapq.heappop(ready)
+        order.append(graph.node[i])
+        for j in readers.get(i, ()):
+            waiting[j] -= 1
+            if waiting[j] == 0:
+                heapq.heappush(ready, j)
+    return order if len(order) == len(graph.node) else None
