@@ -44,9 +44,10 @@ def test_one_repeat_run_measures_every_target(tmp_path, capsys):
     results = json.loads(out.read_text())
     assert results["failures"] == []  # no lint or fix crashed or exited 2 on the generated models
     targets = {t["target"]: t for t in results["targets"]}
-    assert len(targets) == 4 + 4 + 4 + 2
+    assert len(targets) == 4 + 4 + 4 + 2 + 4  # ratios, growth, external lint, verified fix (largest, external), external fix
     assert all(isinstance(t["measured"], float) for t in targets.values())
     assert targets["external fix npu keeps weights external, input data untouched"]["passed"]
+    assert results["sizes"]["1000"]["longest_still"]["steps"] > 1  # still.py recorded the verified fix's progress
     for command in scale.COMMANDS:
         assert results["sizes"]["1000"]["median_s"][command] > 0
     printed = capsys.readouterr().out
