@@ -12,7 +12,10 @@ that doubles the quantization error fails even when the outputs moved little. `m
 `epsilon` are the rule set's `[verdict]` parameters. Where no twin can be built (no activation
 Q/DQ pair, quantization in ops qdq does not read), the candidate is compared with the input
 directly and must keep `fallback_min_sqnr` dB; the report says so. A change that claims to be
-exact must give bit-identical outputs, in onnxruntime with optimisations off.
+exact must give bit-identical outputs, and the quantized integers it computes must stand for the
+input's (every QuantizeLinear output of the changed region that the input model also has: the
+same scale, the same integers less their zero point, so an int8 ↔ uint8 conversion is exact), in
+onnxruntime with optimisations off.
 
 The inputs are the user's samples (`--inputs`), or random inputs the model is meant to see
 (`qdq.meant_inputs`). A reference whose outputs carry no information on them (constant, all zero,
@@ -40,7 +43,7 @@ from qdq.pieces import PieceFailed, Pieces, element_types, joined
 from qdq.ruleset import RuleSet
 from qdq.twin import Twin, float_twin
 from qdq.verify import (
-    CandidateFailed, UnfeedableInput, VerifyResult, as_array, cannot_load, check_same_outputs,
+    CandidateFailed, Quantizers, UnfeedableInput, VerifyResult, as_array, cannot_load, check_same_outputs,
     check_same_shape, compare_arrays,
 )
 
@@ -121,20 +124,23 @@ def judge(
     observe = (criterion, samples, inputs_label, seed, shapes)
     runtime = "onnxruntime, default optimisations" if optimized else "onnxruntime, optimisations off"
     try:
-        runs = _Runs(reference, proto, candidate, fixed, twin, optimized)
+        runs = _Runs(reference, proto, candidate, fixed, twin, optimized, exact)
         samples, inputs_label, (ref_out, cand_out, twin_out) = _observe(runs, *observe)
     except _OptimizedRefused as refused:  # the input itself does not run as users run it: judge what the file says
         runtime = f"onnxruntime, optimisations off (the input model fails with its default optimisations: {refused})"
-        runs = _Runs(reference, proto, candidate, fixed, twin, False)
+        runs = _Runs(reference, proto, candidate, fixed, twin, False, exact)
         samples, inputs_label, (ref_out, cand_out, twin_out) = _observe(runs, *observe)
     result = VerifyResult(
         reference=str(reference), candidate=str(candidate), inputs=inputs_label, atol=criterion.atol,
         rtol=criterion.rtol, min_sqnr=criterion.min_sqnr,
         twin=f"float twin ({twin.pairs} activation Q/DQ pair(s) removed)" if twin_out is not None
         else f"no float twin: {twin.reason}",
-        criterion="bit-identical outputs" if exact else criterion.describe(twin_out is not None),
+        criterion="bit-identical outputs and quantized integers" if exact else criterion.describe(twin_out is not None),
         runtime=runtime,
     )
+    if exact:
+        result.integers = sorted(runs.integers)
+        result.integers_differing = [name for name in result.integers if not runs.same_integers(name)]
     for name, a in ref_out.items():
         b = cand_out[name]
         check_same_shape(name, a, b, reference, candidate)
@@ -177,37 +183,61 @@ class _Runs:
     model's changed region (`qdq.change`) fed with the input's values at its boundary, and the float twin."""
 
     def __init__(self, reference: Path, proto: onnx.ModelProto, candidate: Path, fixed: onnx.ModelProto,
-                 twin: Twin, optimized: bool):
+                 twin: Twin, optimized: bool, exact: bool):
         self.reference, self.candidate, self.twin, self.optimized = reference, candidate, twin, optimized
         self.output_names = [o.name for o in proto.graph.output]
         check_same_outputs(reference, candidate, self.output_names, [o.name for o in fixed.graph.output])
         progress.step("finding what the fix changed")
         self.region = whole(fixed) if optimized else changed_region(proto, reference.parent, fixed, candidate.parent)
         log.info("the fixed model differs from the input in %d of its %d nodes", self.region.nodes, self.region.of)
+        # An exact change is held to the integers too: the quantized tensors of its region the input also computes.
+        computed = {o: n for n in proto.graph.node for o in n.output}
+        self.quantizers = {n.output[0]: (computed[n.output[0]], n) for n in self.region.model.graph.node
+                           if exact and n.op_type == "QuantizeLinear" and n.output[0] in computed}
+        self.integer_names = list(self.quantizers)
+        self._grids = Quantizers(proto.graph, reference.parent), Quantizers(fixed.graph, candidate.parent)
+        self.integers: dict[str, tuple[np.ndarray, np.ndarray]] = {}
         types = element_types(proto)  # the twin's and the region's tensors are the input's, where they have its names
-        self.reference_pieces = Pieces(proto, reference.parent, keep=self.region.boundary, optimized=optimized,
-                                       types=types)
-        self.region_pieces = Pieces(self.region.model, candidate.parent, optimized=optimized, types=types) \
-            if self.region.model.graph.output else None
+        self.reference_pieces = Pieces(proto, reference.parent, keep=self.region.boundary + self.integer_names,
+                                       optimized=optimized, types=types)
+        self.region_pieces = Pieces(self.region.model, candidate.parent, keep=self.integer_names, optimized=optimized,
+                                    types=types) if self.region.model.graph.output or self.integer_names else None
         self.twin_pieces = Pieces(twin.model, reference.parent, types=types) if twin.model is not None else None
 
     def outputs(self, samples: list[dict], label: str, twin_out: dict | None = None) -> tuple[dict, dict, dict | None]:
         """Each model's outputs by name over all samples: the input's, the candidate's, the twin's
         (`twin_out` when the caller has them). The input runs first: when it fails, the input is at fault."""
         names = self.output_names
-        ref_runs = self._run(self.reference_pieces, samples, names + self.region.boundary, 0, label)
+        integers = self.integer_names
+        ref_runs = self._run(self.reference_pieces, samples, names + self.region.boundary + integers, 0, label)
         cand_runs = [{name: run[name] for name in self.region.unchanged_outputs} for run in ref_runs]
         if self.region_pieces is not None:
             fed = [{**feeds, **{name: run[name] for name in self.region.boundary}}
                    for feeds, run in zip(samples, ref_runs)]
-            changed = self._run(self.region_pieces, fed, self.region_pieces.outputs, 1, label)
+            changed = self._run(self.region_pieces, fed, self.region_pieces.outputs + integers, 1, label)
             for run, values in zip(cand_runs, changed):
                 run.update(values)
+        self.integers = {name: (joined(ref_runs, [name])[name], joined(cand_runs, [name])[name]) for name in integers}
         if twin_out is None and self.twin_pieces is not None:
             twin_out = joined(self._run(self.twin_pieces, samples, names, 2, label), names)
         as_arrays = [{name: as_array(value, name, path) for name, value in joined(runs, names).items()}
                      for runs, path in ((ref_runs, self.reference), (cand_runs, self.candidate))]
         return as_arrays[0], as_arrays[1], twin_out
+
+    def same_integers(self, name: str) -> bool:
+        """Whether the quantized tensor `name` stands for the same values in both models: the same scale, and the
+        same integers less the zero point (the integers themselves where the parameters are not constants)."""
+        values = self.integers[name]
+        grids = [_grid(q, quantizers) for q, quantizers in zip(self.quantizers[name], self._grids)]
+        if None in grids:
+            return bool(np.array_equal(*values))
+        (scale_a, zero_a), (scale_b, zero_b) = grids
+        if not np.array_equal(scale_a.ravel(), scale_b.ravel()) or zero_a.size != zero_b.size:
+            return False
+        if zero_a.size > 1:  # per axis: the same zero points and the same integers
+            return bool(np.array_equal(zero_a, zero_b) and np.array_equal(*values))
+        offsets = [v.astype(np.int64) - z.astype(np.int64).ravel()[0] for v, z in zip(values, (zero_a, zero_b))]
+        return bool(np.array_equal(*offsets))
 
     def _run(self, pieces: Pieces, samples: list[dict], names: list[str], number: int, label: str) -> list[dict]:
         """One model's run; a failure is blamed on the input (exit 2), qdq (a bug) or the twin (a bug)."""
@@ -230,6 +260,13 @@ class _Runs:
                     from None
             raise QdqError(f"{path}: onnxruntime cannot {'load' if failed.building else 'run'} its float twin "
                            f"({failed.detail}); this is a bug in qdq") from None
+
+
+def _grid(q: onnx.NodeProto, quantizers: Quantizers) -> tuple[np.ndarray, np.ndarray] | None:
+    """A QuantizeLinear's (scale, zero point) where both are constants; a missing zero point is 0."""
+    scale = quantizers.constant(q.input[1]) if len(q.input) > 1 else None
+    zero = quantizers.constant(q.input[2]) if len(q.input) > 2 and q.input[2] else (np.zeros(1, np.int64), 0)
+    return None if scale is None or zero is None else (np.asarray(scale[0]), np.asarray(zero[0]))
 
 
 def informative(values: np.ndarray) -> bool:

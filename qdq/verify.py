@@ -118,10 +118,13 @@ class VerifyResult:
     twin: str = ""
     criterion: str = ""
     runtime: str = "onnxruntime, optimisations off"
+    # A change that claims to be exact: the quantized tensors compared as integers, and those that differ.
+    integers: list[str] = field(default_factory=list)
+    integers_differing: list[str] = field(default_factory=list)
 
     @property
     def passed(self) -> bool:
-        return all(o.passed for o in self.outputs)
+        return all(o.passed for o in self.outputs) and not self.integers_differing
 
     @property
     def identical(self) -> bool:
@@ -141,6 +144,7 @@ class VerifyResult:
             "passed": self.passed,
             "identical": self.identical,
             "outputs": [o.to_dict() for o in self.outputs],
+            "integers": {"compared": self.integers, "differing": self.integers_differing},
         }
 
 
@@ -743,10 +747,18 @@ def render_text(result: VerifyResult) -> str:
         cells += [cell.rjust(width) for cell, width in zip(row[2:-1], widths[2:-1])]
         cells.append(row[-1])
         lines.append("  ".join(cells).rstrip())
+    if result.integers:
+        differing = result.integers_differing
+        lines.append(f"quantized tensors: {len(result.integers)} compared as integers, " + (
+            f"{len(differing)} differ: {', '.join(differing[:5])}{' …' if len(differing) > 5 else ''}"
+            if differing else "all identical"))
     total = len(result.outputs)
     failed = [o.name for o in result.outputs if not o.passed]
     unknown = [o.name for o in result.outputs if not o.evidence]
-    if result.identical and not unknown:
+    if result.integers_differing:
+        lines.append(f"FAIL: the change claims to be exact, and {len(result.integers_differing)} quantized tensor(s) "
+                     "differ")
+    elif result.identical and not unknown:
         lines.append(f"identical: all {total} output(s) are bit-identical")
     elif not failed:
         lines.append(f"PASS: all {total} output(s) within tolerance")

@@ -221,3 +221,32 @@ def test_the_label_says_when_no_amplitude_keeps_the_quantizers_from_saturating(t
     model = conv_net(tmp_path / "m.onnx", 0.02, 1e-6)
     label = qdq("verify", model, model, "--target", "npu", "--format", "json").json()["inputs"]
     assert "0.0625 of the input range: even so" in label and "saturate rarely" not in label, label
+
+
+# --- a change that claims to be exact --------------------------------------------------------------
+
+
+def relu_net(path: Path, mid_zero_point: int, mid_type) -> Path:
+    """x → Q/DQ → Q/DQ(0.05, mid) → Relu → y: the Relu hides what the middle quantizer does to negatives."""
+    b = GraphBuilder(opset=13)
+    x = b.qdq(b.input("x", [1, 4, 8, 8]), 0.025, name="x")
+    mid = b.qdq(x, 0.05, mid_zero_point, mid_type, name="mid")
+    b.node("Relu", [mid], ["y"], name="relu")
+    b.output("y", [1, 4, 8, 8])
+    return b.save(path)
+
+
+@pytest.mark.parametrize("zero_point, dtype, exact", [
+    (128, np.uint8, True),  # int8 → uint8 with the zero point moved along: the same values, other integers
+    (0, np.uint8, False),  # negatives clipped to 0: the Relu hides it from the outputs, not from the integers
+])
+def test_an_exact_claim_is_held_to_the_integers_not_only_to_the_outputs(tmp_path, zero_point, dtype, exact):
+    from qdq.verdict import Criterion, judge
+
+    reference = relu_net(tmp_path / "a.onnx", 0, np.int8)
+    candidate = relu_net(tmp_path / "b.onnx", zero_point, dtype)
+    ruleset = load_target("npu")
+    result = judge(reference, candidate, ruleset, Criterion.of(ruleset), exact=True)
+    assert result.identical and all(o.evidence for o in result.outputs)  # the outputs alone would pass
+    assert result.integers == ["mid_q_out"]
+    assert result.passed is exact and (result.integers_differing == []) is exact
