@@ -59,7 +59,8 @@ class Pieces:
     """
 
     def __init__(self, model: onnx.ModelProto, folder: Path, keep: list[str] = (), optimized: bool = False,
-                 types: dict[str, int] | None = None, max_nodes: int = MAX_NODES, max_bytes: int = MAX_BYTES):
+                 types: dict[str, int] | None = None, reused: bool = False, max_nodes: int = MAX_NODES,
+                 max_bytes: int = MAX_BYTES):
         self.model, self.folder, self.optimized = model, Path(folder), optimized
         self._types = types or {}  # element types of tensors passed between slices, where known beforehand
         self.outputs = [o.name for o in model.graph.output]
@@ -71,7 +72,10 @@ class Pieces:
         if whole:  # one slice: what onnxruntime fuses, or what a cut cannot follow, stays together
             nodes, max_nodes, max_bytes = list(graph.node), len(graph.node) + 1, float("inf")
         self._slices = self._cut(nodes, set(self.outputs) | set(keep), max_nodes, max_bytes)
-        self._keep_sessions = sum(map(_bytes, graph.initializer)) <= _KEEP_SESSIONS_BYTES
+        # Sessions are kept between runs when the caller runs the model again (`reused`: the twin, which
+        # chooses the random inputs first) or when it is one slice, and the weights are small.
+        small = sum(map(_bytes, graph.initializer)) <= _KEEP_SESSIONS_BYTES
+        self._keep_sessions = small and (reused or len(self._slices) == 1)
 
     @property
     def count(self) -> int:
@@ -81,17 +85,19 @@ class Pieces:
         """Per sample, the tensors `names`; `what` names the model on the progress line and in errors."""
         values = [dict(feeds) for feeds in samples]
         last_use = {name: i for i, piece in enumerate(self._slices) for name in piece.reads}
-        self._build_ahead(values[0], what)
+        wanted = set(names)
         for index, piece in enumerate(self._slices):
+            self._build_pair(index, values[0], what)
             session = self._session(piece, values[0], index, what)
             progress.step(f"running {what}" + (f", piece {index + 1} of {self.count}" if self.count > 1 else ""))
+            done = [n for n in piece.reads if last_use[n] == index and n not in wanted]
             for sample in values:
                 feeds = {name: sample[name] for name in piece.reads if name in sample}
                 try:
                     sample.update(run_all(session, Path(what), piece.gives, [feeds]))
                 except RunFailed as exc:
                     raise PieceFailed(exc.detail, building=False) from None
-                for name in [n for n, last in last_use.items() if last == index and n not in names]:
+                for name in done:
                     sample.pop(name, None)
             if not self._keep_sessions:
                 piece.session = None
@@ -122,23 +128,20 @@ class Pieces:
             read_later |= set(reads)
         return slices[::-1]
 
-    def _build_ahead(self, example: dict[str, np.ndarray], what: str) -> None:
-        """Build the slices' sessions side by side, two at a time, when they are kept and typed beforehand:
-        onnxruntime builds without the interpreter lock, so two cores build two slices at once."""
-        waiting = [piece for piece in self._slices if piece.session is None]
-        if len(waiting) < 2 or not self._keep_sessions or not all(
-                name in self._declared or name in self._types or name in example
-                for piece in waiting for name in piece.reads):
+    def _build_pair(self, index: int, example: dict[str, np.ndarray], what: str) -> None:
+        """Build slice `index` and the next side by side when both still need a session and the next one's
+        inputs are typed beforehand: onnxruntime builds without the interpreter lock, so two cores build two
+        slices at once. Memory then holds two slices' sessions, whose weights are read as they run."""
+        pair = self._slices[index:index + 2]
+        if len(pair) < 2 or any(p.session is not None for p in pair) or not all(
+                name in self._declared or name in self._types or name in example for name in pair[1].reads):
             return
         from qdq.runtime import sessions
 
-        for start in range(0, len(waiting), 2):
-            pair = waiting[start:start + 2]
-            progress.step(f"building onnxruntime sessions for {what}, pieces {start + 1}-{start + len(pair)} "
-                          f"of {len(waiting)}")
-            for piece, made in zip(pair, sessions(*(self._source(p, example) for p in pair), optimized=self.optimized)):
-                if not isinstance(made, Exception):  # a refusal is met again, and reported, when the slice runs
-                    piece.session = made
+        progress.step(f"building onnxruntime sessions for {what}, pieces {index + 1} and {index + 2} of {self.count}")
+        for piece, made in zip(pair, sessions(*(self._source(p, example) for p in pair), optimized=self.optimized)):
+            if not isinstance(made, Exception):  # a refusal is met again, and reported, when the slice is built alone
+                piece.session = made
 
     def _source(self, piece: _Slice, example: dict[str, np.ndarray]):
         from qdq.runtime import InMemory
@@ -213,10 +216,13 @@ def _has_subgraph(node: onnx.NodeProto) -> bool:
 
 def topological(graph: onnx.GraphProto) -> list[onnx.NodeProto] | None:
     """The nodes, each after what it reads and otherwise in file order (None when there is no such order: a cycle)."""
-    producer = {o: i for i, n in enumerate(graph.node) for o in n.output if o}
+    nodes = list(graph.node)
+    producer = {o: i for i, n in enumerate(nodes) for o in n.output if o}
+    if all(producer.get(name, -1) < i for i, n in enumerate(nodes) for name in n.input):
+        return nodes  # already in order, as exporters and qdq write models
     readers: dict[int, list[int]] = {}
     waiting = []
-    for i, node in enumerate(graph.node):
+    for i, node in enumerate(nodes):
         sources = {producer[name] for name in node.input if name in producer} - {i}
         waiting.append(len(sources))
         for source in sources:
@@ -226,9 +232,9 @@ def topological(graph: onnx.GraphProto) -> list[onnx.NodeProto] | None:
     order = []
     while ready:
         i = heapq.heappop(ready)
-        order.append(graph.node[i])
+        order.append(nodes[i])
         for j in readers.get(i, ()):
             waiting[j] -= 1
             if waiting[j] == 0:
                 heapq.heappush(ready, j)
-    return order if len(order) == len(graph.node) else None
+    return order if len(order) == len(nodes) else None

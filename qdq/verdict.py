@@ -195,14 +195,16 @@ class _Runs:
         self.quantizers = {n.output[0]: (computed[n.output[0]], n) for n in self.region.model.graph.node
                            if exact and n.op_type == "QuantizeLinear" and n.output[0] in computed}
         self.integer_names = list(self.quantizers)
-        self._grids = Quantizers(proto.graph, reference.parent), Quantizers(fixed.graph, candidate.parent)
+        self._grids = (Quantizers(proto.graph, reference.parent), Quantizers(fixed.graph, candidate.parent)) \
+            if self.quantizers else ()
         self.integers: dict[str, tuple[np.ndarray, np.ndarray]] = {}
         types = element_types(proto)  # the twin's and the region's tensors are the input's, where they have its names
         self.reference_pieces = Pieces(proto, reference.parent, keep=self.region.boundary + self.integer_names,
                                        optimized=optimized, types=types)
         self.region_pieces = Pieces(self.region.model, candidate.parent, keep=self.integer_names, optimized=optimized,
                                     types=types) if self.region.model.graph.output or self.integer_names else None
-        self.twin_pieces = Pieces(twin.model, reference.parent, types=types) if twin.model is not None else None
+        self.twin_pieces = Pieces(twin.model, reference.parent, types=types, reused=True) \
+            if twin.model is not None else None
 
     def outputs(self, samples: list[dict], label: str, twin_out: dict | None = None) -> tuple[dict, dict, dict | None]:
         """Each model's outputs by name over all samples: the input's, the candidate's, the twin's
