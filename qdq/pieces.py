@@ -108,12 +108,12 @@ class Pieces:
 
     def _cut(self, nodes: list[onnx.NodeProto], wanted: set[str], max_nodes: int, max_bytes: float) -> list[_Slice]:
         groups, current, size = [], [], 0
-        for node in nodes:
-            weight = sum(_bytes(self._weights[n]) for n in node.input if n in self._weights)
-            if current and (len(current) >= max_nodes or size + weight > max_bytes):
+        for unit in self._units(nodes):
+            weight = sum(_bytes(self._weights[n]) for node in unit for n in node.input if n in self._weights)
+            if current and (len(current) + len(unit) > max_nodes or size + weight > max_bytes):
                 groups.append(current)
                 current, size = [], 0
-            current.append(node)
+            current.extend(unit)
             size += weight
         groups.append(current)
         read_later: set[str] = set(wanted)
@@ -149,6 +149,33 @@ class Pieces:
         data = self._slice_model(piece, example).SerializeToString()
         external = any(t.data_location == onnx.TensorProto.EXTERNAL for t in piece.weights)
         return InMemory(data, self.folder.resolve()) if external else data
+
+    def _units(self, nodes: list[onnx.NodeProto]) -> list[list[onnx.NodeProto]]:
+        """The nodes in groups no cut may split: each node with the nodes before it that compute only from
+        weights (a weight's DequantizeLinear, a Constant). A cut between them would pass the dequantized
+        weight, four times the int8 bytes, from slice to slice for every sample (4 GB for four samples of
+        a 256 MiB weight); in one slice it is computed and dropped inside onnxruntime."""
+        constant = set(self._weights)
+        waiting: dict[str, list[onnx.NodeProto]] = {}  # output of a weight-only node -> it and the nodes it needs
+        placed: set[int] = set()
+        units = []
+        for node in nodes:
+            inputs = [name for name in node.input if name]
+            needs = list({id(n): n for name in inputs for n in waiting.get(name, [])}.values())
+            if node.op_type == "Constant" or all(name in constant for name in inputs) and node.output:
+                constant.update(o for o in node.output if o)  # computed from weights alone: it joins its first reader
+                for name in node.output:
+                    waiting[name] = needs + [node]
+                continue
+            needs = [n for n in needs if id(n) not in placed]
+            placed.update(map(id, needs))
+            units.append(needs + [node])
+        for group in waiting.values():  # weight-only nodes no other node reads: graph outputs
+            for node in group:
+                if id(node) not in placed:
+                    placed.add(id(node))
+                    units.append([node])
+        return units
 
     def _session(self, piece: _Slice, example: dict[str, np.ndarray], index: int, what: str):
         if piece.session is not None:
