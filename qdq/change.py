@@ -20,6 +20,8 @@ from pathlib import Path
 import onnx
 from onnx import helper
 
+from qdq import progress
+
 _CHUNK = 16 << 20
 
 
@@ -48,7 +50,7 @@ def changed_region(reference: onnx.ModelProto, reference_folder: Path, candidate
                   if t.name in ref_weights and t.name not in ref_producer and same.tensor(ref_weights[t.name], t)}
     weights = {t.name for t in graph.initializer}
     changed_nodes = []
-    for node in _in_order(graph):
+    for node in progress.each(_in_order(graph), "finding what the fix changed"):
         old = ref_producer.get(node.output[0]) if node.output else None
         if old is not None and _same_node(old, node) and all(name in unchanged for name in node.input):
             unchanged.update(node.output)

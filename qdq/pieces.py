@@ -159,7 +159,7 @@ class Pieces:
         waiting: dict[str, list[onnx.NodeProto]] = {}  # output of a weight-only node -> it and the nodes it needs
         placed: set[int] = set()
         units = []
-        for node in nodes:
+        for node in progress.each(nodes, "cutting the model into pieces"):
             inputs = [name for name in node.input if name]
             needs = list({id(n): n for name in inputs for n in waiting.get(name, [])}.values())
             if node.op_type == "Constant" or all(name in constant for name in inputs) and node.output:
@@ -214,8 +214,10 @@ class Pieces:
 
 def element_types(model: onnx.ModelProto) -> dict[str, int]:
     """The element type of each tensor onnx's shape inference can tell (none where it fails on the model)."""
+    from qdq.runtime import background
+
     try:
-        inferred = onnx.shape_inference.infer_shapes(model)
+        inferred = background(lambda: onnx.shape_inference.infer_shapes(model), "reading the model's tensor types")
     except Exception as exc:  # custom ops, models past 2 GB: slices are then typed by the values in hand
         log.debug("shape inference failed (%s); pieces are typed as they run", str(exc).splitlines()[0][:200])
         return {}

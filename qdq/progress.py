@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import time
 from contextlib import contextmanager
-from typing import Callable, Iterator, TextIO
+from typing import Callable, Iterable, Iterator, TextIO, TypeVar
+
+T = TypeVar("T")
 
 DELAY = 1.0  # seconds before the first line: short runs stay silent
 INTERVAL = 0.1  # seconds between redraws
@@ -53,6 +55,14 @@ def step(text: str) -> None:
         _display.show(text)
     if _timeline is not None:
         _timeline.append((text, time.perf_counter()))
+
+
+def each(items: Iterable[T], text: str, every: int = 1000) -> Iterator[T]:
+    """`items`, with a `step(text)` every `every` of them: a long loop over a graph keeps the line moving."""
+    for index, item in enumerate(items):
+        if index % every == 0:
+            step(text)
+        yield item
 
 
 @contextmanager

@@ -23,6 +23,7 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
+from qdq import progress
 from qdq.checks.coverage import describe, unread_ops
 from qdq.ops import DEQUANTIZE, QDQ_DOMAINS, QUANTIZE
 from qdq.verify import Quantizers
@@ -65,7 +66,7 @@ def float_twin(model: onnx.ModelProto, coverage: dict[str, Any], folder: Path | 
     ranges = Quantizers(graph, folder)
     constants: list[onnx.TensorProto] = []
     opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 1)
-    for position, node in enumerate(graph.node):
+    for position, node in enumerate(progress.each(graph.node, "building the float twin")):
         if not _is(node, DEQUANTIZE) or len(node.input) < 2:
             continue
         source = producers.get(node.input[0])
@@ -148,6 +149,7 @@ def _output_type(dq: onnx.NodeProto, ranges: Quantizers) -> int | None:
 def _drop_dead_nodes(graph: onnx.GraphProto) -> None:
     """Remove the nodes nothing reads any more (the bypassed Qs and Clips), so the twin computes no integers."""
     while True:
+        progress.step("building the float twin")
         read = {name for node in graph.node for name in node.input} | {o.name for o in graph.output}
         read |= {name for node in graph.node for attr in node.attribute for sub in _subgraphs(attr)
                  for name in _outer_names(sub)}
