@@ -1,0 +1,174 @@
+"""Cross-layer equalization (QDQ510) and bias correction (QDQ511) on the NPU rule set.
+
+The model is a depthwise → Relu → 1×1 chain whose depthwise channels span a 100× range, as
+after BatchNorm folding, with per-channel int8 weights: the case one per-tensor power-of-two
+grid serves worst. Equalization must be exact in float, lower the error of the per-tensor
+grids, and bring the fixed model's outputs closer to the input's than the fix without it.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import onnxruntime
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+from cli_run import qdq
+from qdq import equalize
+
+CHANNELS, OUTPUTS, SIZE = 8, 6, 10
+
+
+def _weights(seed: int = 0) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Depthwise weights whose channel ranges span 100×, and a 1×1 conv reading them (large where they are small)."""
+    rng = np.random.default_rng(seed)
+    spread = np.geomspace(0.02, 2.0, CHANNELS)
+    dw = rng.normal(size=(CHANNELS, 1, 3, 3)) * spread[:, None, None, None]
+    pw = rng.normal(size=(OUTPUTS, CHANNELS, 1, 1)) * (0.5 / np.sqrt(spread))[None, :, None, None]
+    return (dw.astype(np.float32), (rng.normal(size=CHANNELS) * spread).astype(np.float32),
+            pw.astype(np.float32), (rng.normal(size=OUTPUTS) * 0.1).astype(np.float32))
+
+
+def _float_chain(dw, b_dw, pw, b_pw, between: str = "Relu", bound: float | None = None) -> onnx.ModelProto:
+    inits = [numpy_helper.from_array(v, n) for v, n in ((dw, "dw"), (b_dw, "b_dw"), (pw, "pw"), (b_pw, "b_pw"))]
+    nodes = [helper.make_node("Conv", ["x", "dw", "b_dw"], ["a"], group=CHANNELS, pads=[1, 1, 1, 1])]
+    if between == "Clip":
+        inits += [numpy_helper.from_array(np.float32(0), "lo"), numpy_helper.from_array(np.float32(bound), "hi")]
+        nodes.append(helper.make_node("Clip", ["a", "lo", "hi"], ["r"]))
+    else:
+        nodes.append(helper.make_node("Relu", ["a"], ["r"]))
+    nodes.append(helper.make_node("Conv", ["r", "pw", "b_pw"], ["y"]))
+    graph = helper.make_graph(nodes, "chain", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, CHANNELS, SIZE, SIZE])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], inits)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)], ir_version=8)
+
+
+def _run(model: onnx.ModelProto | str, x: np.ndarray) -> np.ndarray:
+    source = model if isinstance(model, str) else model.SerializeToString()
+    session = onnxruntime.InferenceSession(source, providers=["CPUExecutionProvider"])
+    return session.run(None, {"x": x})[0]
+
+
+def _inputs(count: int = 4, seed: int = 1) -> np.ndarray:
+    return np.random.default_rng(seed).normal(size=(count, 1, CHANNELS, SIZE, SIZE)).astype(np.float32)
+
+
+def _per_channel(weight: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    scale = np.abs(weight).reshape(weight.shape[0], -1).max(axis=1) / 127
+    return np.rint(weight / scale[:, None, None, None]).astype(np.int8), scale.astype(np.float32)
+
+
+def _qdq_chain(tmp_path, between: str = "Relu", bound: float | None = None) -> str:
+    """The chain as onnxruntime's quantize_static writes it: per-channel int8 weights, int32 biases, uint8 activations."""
+    dw, b_dw, pw, b_pw = _weights()
+    float_model = _float_chain(dw, b_dw, pw, b_pw, between, bound)
+    inits, nodes = [], []
+
+    def qdq_activation(name: str, scale: float) -> str:
+        inits.extend([numpy_helper.from_array(np.float32(scale), f"{name}_s"),
+                      numpy_helper.from_array(np.uint8(0 if name != "x" else 128), f"{name}_z")])
+        nodes.append(helper.make_node("QuantizeLinear", [name, f"{name}_s", f"{name}_z"], [f"{name}_q"]))
+        nodes.append(helper.make_node("DequantizeLinear", [f"{name}_q", f"{name}_s", f"{name}_z"], [f"{name}_dq"]))
+        return f"{name}_dq"
+
+    def weight(name: str, values: np.ndarray) -> str:
+        q, s = _per_channel(values)
+        inits.extend([numpy_helper.from_array(q, f"{name}_q"), numpy_helper.from_array(s, f"{name}_s"),
+                      numpy_helper.from_array(np.zeros(s.size, np.int8), f"{name}_z")])
+        nodes.append(helper.make_node("DequantizeLinear", [f"{name}_q", f"{name}_s", f"{name}_z"], [f"{name}_dq"], axis=0))
+        return f"{name}_dq"
+
+    # Activation scales from the float model's ranges on the test inputs, as a calibrator would set them.
+    probe = float_model
+    probe.graph.output.extend([helper.make_tensor_value_info("r", TensorProto.FLOAT, None)])
+    session = onnxruntime.InferenceSession(probe.SerializeToString(), providers=["CPUExecutionProvider"])
+    outs = [session.run(None, {"x": x}) for x in _inputs()]
+    r_max = max(float(o[1].max()) for o in outs)
+    y_max = max(float(np.abs(o[0]).max()) for o in outs)
+    x_in = qdq_activation("x", 8 / 127)
+    nodes.append(helper.make_node("Conv", [x_in, weight("dw", dw), "b_dw"], ["a"], group=CHANNELS, pads=[1, 1, 1, 1]))
+    inits.append(numpy_helper.from_array(b_dw, "b_dw"))
+    if between == "Clip":
+        inits += [numpy_helper.from_array(np.float32(0), "lo"), numpy_helper.from_array(np.float32(bound), "hi")]
+        nodes.append(helper.make_node("Clip", ["a", "lo", "hi"], ["r"]))
+    else:
+        nodes.append(helper.make_node("Relu", ["a"], ["r"]))
+    r_in = qdq_activation("r", r_max / 255)
+    nodes.append(helper.make_node("Conv", [r_in, weight("pw", pw), "b_pw"], ["y"]))
+    inits.append(numpy_helper.from_array(b_pw, "b_pw"))
+    nodes.append(helper.make_node("QuantizeLinear", ["y", "y_s", "y_z"], ["y_q"]))
+    nodes.append(helper.make_node("DequantizeLinear", ["y_q", "y_s", "y_z"], ["out"]))
+    inits += [numpy_helper.from_array(np.float32(y_max / 127), "y_s"), numpy_helper.from_array(np.int8(0), "y_z")]
+    graph = helper.make_graph(nodes, "qdq_chain",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, CHANNELS, SIZE, SIZE])],
+                              [helper.make_tensor_value_info("out", TensorProto.FLOAT, None)], inits)
+    path = tmp_path / f"chain_{between}.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)], ir_version=8), path)
+    return str(path)
+
+
+def _fixed(model: str, out: str, *extra: str) -> str:
+    run = qdq("fix", model, "--target", "npu", "-o", out, "--no-verify", "--isolated", *extra)
+    assert run.code in (0, 1), run.err
+    return out
+
+
+def _distance(a: str, b: str) -> float:
+    """Relative L2 distance of two models' outputs over the test inputs."""
+    ya = np.stack([_run(a, x) for x in _inputs()])
+    yb = np.stack([_run(b, x) for x in _inputs()])
+    return float(np.linalg.norm(ya - yb) / np.linalg.norm(yb))
+
+
+def test_equalization_is_exact_in_float():
+    dw, b_dw, pw, b_pw = _weights()
+    factors = equalize.factors([dw, pw], [CHANNELS, 1], iterations=20, max_factor=256.0)
+    assert np.ptp(np.log(factors[0])) > 1  # the channels do move, by different factors
+    new_dw, new_pw = equalize.scaled([dw, pw], [CHANNELS, 1], factors)
+    before = _float_chain(dw, b_dw, pw, b_pw)
+    after = _float_chain(new_dw.astype(np.float32), (b_dw / factors[0]).astype(np.float32), new_pw.astype(np.float32), b_pw)
+    for x in _inputs():
+        expected = _run(before, x)
+        assert np.max(np.abs(_run(after, x) - expected)) <= 1e-5 * max(1.0, np.abs(expected).max())
+    # Both layers end with the same per-channel ranges: what one per-tensor grid needs.
+    assert np.allclose(equalize.output_ranges(new_dw), equalize.input_ranges(new_pw, 1))
+
+
+def test_equalization_lowers_the_per_tensor_error():
+    dw, b_dw, pw, _ = _weights()
+    link = equalize.Link(equalize.amplitudes(dw, b_dw, 4.0), 4.0 / 255)
+    factors = equalize.factors([dw, pw], [CHANNELS, 1], iterations=20, max_factor=256.0)
+    ones = [np.ones(CHANNELS)]
+    assert equalize.objective([dw, pw], [CHANNELS, 1], [link], factors) < 0.5 * equalize.objective(
+        [dw, pw], [CHANNELS, 1], [link], ones)
+    # The depthwise weights' own per-tensor error, in the input's units: the small channels are kept.
+    q, step = equalize.pow2_grid(dw)
+    q_eq, step_eq = equalize.pow2_grid(equalize.scaled([dw, pw], [CHANNELS, 1], factors)[0])
+    small = slice(0, 3)
+    error_plain = np.linalg.norm(q[small] * step - dw[small])
+    error_eq = np.linalg.norm(equalize.scale_outputs(q_eq * step_eq, factors[0])[small] - dw[small])
+    assert error_eq < 0.5 * error_plain
+
+
+def test_fix_equalizes_the_chain_and_comes_closer_to_the_input(tmp_path):
+    model = _qdq_chain(tmp_path)
+    plain = _fixed(model, str(tmp_path / "plain.onnx"), "--ignore", "QDQ510")
+    equalized = _fixed(model, str(tmp_path / "equalized.onnx"))
+    report = qdq("fix", model, "--target", "npu", "--dry-run", "--format", "json", "--isolated", "--no-verify").json()
+    made = [c for c in report["changes"] if c["code"] == "QDQ510"]
+    # Two weights, the depthwise bias, and the activation grid between them; each with its cost.
+    assert {c["tensor"] for c in made} >= {"dw_q", "pw_q", "b_dw", "r"}
+    assert all("sqnr_db" in c["values"] for c in made if c["tensor"] in ("dw_q", "pw_q"))
+    assert _distance(equalized, model) < 0.7 * _distance(plain, model)
+    # A second fix finds nothing more to equalize: the weights are on their grids.
+    again = qdq("fix", equalized, "--target", "npu", "--dry-run", "--format", "json", "--isolated", "--no-verify").json()
+    assert not [c for c in again["changes"] if c["code"] == "QDQ510"]
+
+
+@pytest.mark.parametrize("bound, passed", [(None, True), (6.0, False)])
+def test_clip_is_passed_only_without_an_upper_bound(tmp_path, bound, passed):
+    between = "Relu" if bound is None else "Clip"
+    report = qdq("lint", _qdq_chain(tmp_path, between, bound), "--target", "npu", "--format", "json", "--isolated").json()
+    found = [f for f in report["findings"] if f["code"] == "QDQ510"]
+    assert bool(found) == passed
