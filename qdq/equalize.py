@@ -30,12 +30,21 @@ WEIGHT_QMAX = 127
 class Link:
     """What sits between two convolutions of a chain: the activation values on B's input channels.
 
-    `amplitude` is each channel's largest expected |value| (measured or modelled), `step` the
-    per-tensor step of the activation grid (the Q before B) in the input model.
+    `amplitude` is each channel's largest |value|, measured (`--calibrate`) or modelled
+    (`amplitudes`), `step` the per-tensor step of the activation grid (the Q before B) in the
+    input model.
     """
 
     amplitude: np.ndarray
     step: float
+
+    def grid_move(self, factors_: np.ndarray) -> float:
+        """ρ, the factor the activation grid's range moves by when channel i is divided by s_i:
+        the largest channel after the move over the largest before."""
+        largest = float(self.amplitude.max()) if self.amplitude.size else 0.0
+        if largest <= 0:
+            return 1.0
+        return float((self.amplitude / factors_).max() / largest)
 
 
 def input_channels(shape: tuple[int, ...], group: int) -> np.ndarray:
@@ -144,7 +153,7 @@ def objective(weights: list[np.ndarray], groups: list[int], links: list[Link], f
         norm_a = np.square(a).reshape(a.shape[0], -1).sum(axis=1)
         relative_a = np.divide(np.square(errors[k]).reshape(a.shape[0], -1).sum(axis=1), norm_a,
                                out=np.zeros_like(norm_a), where=norm_a > 0)
-        step = link.step * grid_move(link.amplitude, s) * s
+        step = link.step * link.grid_move(s) * s
         total += float(np.sum(relative_a * power * gain))
         total += float(np.sum(input_gains(errors[k + 1], groups[k + 1]) * power))
         total += float(np.sum(step ** 2 / 12 * gain))
@@ -162,11 +171,6 @@ def _error_in_input_units(weight: np.ndarray, equalized: np.ndarray, groups: lis
         back = scale_outputs(back, links[k])
     return back - weight
 
-
-def grid_move(amplitude: np.ndarray, factors_: np.ndarray) -> float:
-    """ρ: how the largest channel amplitude, hence the activation grid's range, moves when channel i is divided by s_i."""
-    largest = float(amplitude.max()) if amplitude.size else 0.0
-    return float((amplitude / factors_).max() / largest) if largest > 0 else 1.0
 
 
 def amplitudes(weight: np.ndarray, bias: np.ndarray | None, largest: float) -> np.ndarray:

@@ -15,9 +15,10 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from cli_run import qdq
-from qdq import equalize
+from qdq import bias_correction, equalize
 
 CHANNELS, OUTPUTS, SIZE = 8, 6, 10
+MEAN = 1.5  # of the inputs in the bias correction tests
 
 
 def _weights(seed: int = 0) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
@@ -50,8 +51,8 @@ def _run(model: onnx.ModelProto | str, x: np.ndarray) -> np.ndarray:
     return session.run(None, {"x": x})[0]
 
 
-def _inputs(count: int = 4, seed: int = 1) -> np.ndarray:
-    return np.random.default_rng(seed).normal(size=(count, 1, CHANNELS, SIZE, SIZE)).astype(np.float32)
+def _inputs(count: int = 4, seed: int = 1, mean: float = 0.0) -> np.ndarray:
+    return (np.random.default_rng(seed).normal(size=(count, 1, CHANNELS, SIZE, SIZE)) + mean).astype(np.float32)
 
 
 def _per_channel(weight: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -59,7 +60,7 @@ def _per_channel(weight: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return np.rint(weight / scale[:, None, None, None]).astype(np.int8), scale.astype(np.float32)
 
 
-def _qdq_chain(tmp_path, between: str = "Relu", bound: float | None = None) -> str:
+def _qdq_chain(tmp_path, between: str = "Relu", bound: float | None = None, mean: float = 0.0) -> str:
     """The chain as onnxruntime's quantize_static writes it: per-channel int8 weights, int32 biases, uint8 activations."""
     dw, b_dw, pw, b_pw = _weights()
     float_model = _float_chain(dw, b_dw, pw, b_pw, between, bound)
@@ -83,7 +84,7 @@ def _qdq_chain(tmp_path, between: str = "Relu", bound: float | None = None) -> s
     probe = float_model
     probe.graph.output.extend([helper.make_tensor_value_info("r", TensorProto.FLOAT, None)])
     session = onnxruntime.InferenceSession(probe.SerializeToString(), providers=["CPUExecutionProvider"])
-    outs = [session.run(None, {"x": x}) for x in _inputs()]
+    outs = [session.run(None, {"x": x}) for x in _inputs(mean=mean)]
     r_max = max(float(o[1].max()) for o in outs)
     y_max = max(float(np.abs(o[0]).max()) for o in outs)
     x_in = qdq_activation("x", 8 / 127)
@@ -172,3 +173,46 @@ def test_clip_is_passed_only_without_an_upper_bound(tmp_path, bound, passed):
     report = qdq("lint", _qdq_chain(tmp_path, between, bound), "--target", "npu", "--format", "json", "--isolated").json()
     found = [f for f in report["findings"] if f["code"] == "QDQ510"]
     assert bool(found) == passed
+
+
+# --- bias correction (QDQ511, and QDQ510 on the convs it equalizes) --------------------------------
+
+
+def test_shift_is_the_mean_output_change_of_the_rounding():
+    dw, _, pw, _ = _weights()
+    rounded = np.round(pw * 4) / 4
+    means = np.abs(np.random.default_rng(2).normal(size=CHANNELS)) + 0.5
+    x = np.broadcast_to(means[None, :, None, None], (1, CHANNELS, SIZE, SIZE)).astype(np.float32)
+
+    def conv(weight: np.ndarray) -> np.ndarray:
+        model = _float_chain(np.zeros_like(dw), np.zeros(CHANNELS, np.float32), weight.astype(np.float32),
+                             np.zeros(OUTPUTS, np.float32))
+        model.graph.node[0].input[0] = "r"  # read x straight into the 1×1 conv
+        del model.graph.node[:2]
+        model.graph.input[0].name = "r"
+        return onnxruntime.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(
+            None, {"r": x})[0]
+
+    expected = (conv(rounded) - conv(pw)).mean(axis=(0, 2, 3))
+    assert np.abs(expected).max() > 1e-3
+    assert np.allclose(bias_correction.shift(pw.astype(np.float64), rounded, 1, means), expected, atol=1e-5)
+
+
+def _mean_shift(model: str, reference: str, mean: float) -> float:
+    """The norm over output channels of the mean difference of the two models' outputs on the test inputs."""
+    difference = np.stack([_run(model, x) - _run(reference, x) for x in _inputs(mean=mean)])
+    return float(np.linalg.norm(difference.mean(axis=(0, 1, 3, 4))))
+
+
+@pytest.mark.parametrize("equalized", [False, True])
+def test_bias_correction_lowers_the_mean_output_shift(tmp_path, equalized):
+    # Inputs with a mean: the depthwise conv's rounding then shifts its mean output, which its bias can take back.
+    model = _qdq_chain(tmp_path, mean=MEAN)
+    calibration = tmp_path / "calib.npz"
+    np.savez(calibration, x=_inputs(mean=MEAN)[:, 0])
+    ignored = "" if equalized else "QDQ510"
+    plain = _fixed(model, str(tmp_path / "plain.onnx"), "--calibrate", str(calibration),
+                   "--ignore", ",".join(filter(None, [ignored, "QDQ511"])))
+    corrected = _fixed(model, str(tmp_path / "corrected.onnx"), "--calibrate", str(calibration),
+                       *(["--ignore", ignored] if ignored else []))
+    assert _mean_shift(corrected, model, MEAN) < 0.5 * _mean_shift(plain, model, MEAN)

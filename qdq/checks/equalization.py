@@ -16,6 +16,7 @@ from typing import Iterable
 import numpy as np
 
 from qdq import equalize, ir, pow2
+from qdq.bias_correction import conv_bias, input_means, shift
 from qdq.operands import BIAS_INPUT, input_value
 from qdq.quant_index import QUANTIZE, QTensor, resolve_constant, source_values
 from qdq.requantize import effective_values, set_params, why_grid_is_fixed
@@ -24,7 +25,9 @@ from qdq.rule import Change, CheckContext, Finding, FixContext, FixSafety, Rule,
 
 
 @dataclass
-class _Conv:
+class Conv:
+    """A conv whose weights (and bias) QDQ510 and QDQ511 may rewrite."""
+
     node: ir.Node
     weight: QTensor
     values: np.ndarray  # the weights as the model computes them
@@ -42,7 +45,7 @@ class _Link:
 
 @dataclass
 class _Plan:
-    convs: list[_Conv]
+    convs: list[Conv]
     links: list[_Link]
     models: list[equalize.Link]
     factors: list[np.ndarray]
@@ -69,7 +72,8 @@ class CrossLayerEqualization(Rule):
     by them, writes both on their per-tensor power-of-two grids and moves the activation grid
     between them; only where the chain's estimated output error (weights and activation
     rounding, `qdq.equalize.objective`) falls by at least `min_gain`. Approximate: exact in
-    float, the change report gives each weight's SQNR in the input's units.
+    float, the change report gives each weight's SQNR in the input's units. With QDQ511 on, the
+    biases are corrected for these weights' rounding here (QDQ511 sees them already rounded).
     """
 
     code = "QDQ510"
@@ -79,7 +83,7 @@ class CrossLayerEqualization(Rule):
     severity = Severity.INFO
     fix_safety = FixSafety.APPROXIMATE
     parameters = {"through": ["Relu", "LeakyRelu", "PRelu", "Clip"], "iterations": 20, "max_factor": 256.0,
-                  "min_gain": 0.1}
+                  "min_gain": 0.1, "bias_data_free": False}
 
     def check(self, ctx: CheckContext) -> Iterable[Finding]:
         for chain in _chains(ctx):
@@ -97,7 +101,7 @@ class CrossLayerEqualization(Rule):
         groups = [c.group for c in convs]
         weights = [c.values for c in convs]
         equalized = equalize.scaled(weights, groups, factors)
-        moves = [equalize.grid_move(m.amplitude, s) for m, s in zip(plan.models, factors)]
+        moves = [m.grid_move(s) for m, s in zip(plan.models, factors)]
         summary = (f"chain {mention(convs[0].node)} → … {mention(convs[-1].node)} equalized "
                    f"(estimated error {plan.before:.3g} → {plan.after:.3g})")
         changes: list[Change] = []
@@ -113,8 +117,15 @@ class CrossLayerEqualization(Rule):
                                                _cost_in_input_units(conv.values, plain * plain_step))
             changes += made
             bias = _bias_after(conv, factors, k)
-            if bias is not None and k < len(factors):
-                changes.append(_write_bias(ctx, conv.node, bias, self.code, summary, None))
+            correction = None
+            if "QDQ511" in ctx.enabled:  # bias correction is on: the rounding of these weights is known here only
+                found = input_means(ctx, conv.node, ctx.params["bias_data_free"])
+                if found is not None and found[0].size == conv.values.shape[1] * conv.group:
+                    means = found[0] / factors[k - 1] if k > 0 else found[0]
+                    correction = shift(equalized[k], integers * step, conv.group, means)
+                    bias = (bias if bias is not None else np.zeros(correction.size)) - correction
+            if bias is not None and (k < len(factors) or correction is not None):
+                changes.append(write_bias(ctx, conv.node, bias, self.code, summary, correction))
         for link, move in zip(plan.links, moves):
             for value in link.values:
                 old = ctx.index.params(value.nodes[0]).scale
@@ -123,7 +134,7 @@ class CrossLayerEqualization(Rule):
         return changes
 
 
-def _chains(ctx: CheckContext) -> Iterable[tuple[list[_Conv], list[_Link]]]:
+def _chains(ctx: CheckContext) -> Iterable[tuple[list[Conv], list[_Link]]]:
     """Maximal chains of convolutions joined by links the factors pass through, in graph order."""
     convs = {id(n): n for n in ctx.index.nodes_of(["Conv"])}
     following: dict[int, tuple[ir.Node, _Link]] = {}
@@ -140,7 +151,7 @@ def _chains(ctx: CheckContext) -> Iterable[tuple[list[_Conv], list[_Link]]]:
             nxt, link = following[id(chain[-1])]
             chain.append(nxt)
             links.append(link)
-        read = [_read_conv(ctx, n) for n in chain]
+        read = [read_conv(ctx, n) for n in chain]
         # A conv that cannot be read ends the chain there; the pieces around it are chains of their own.
         start = 0
         for k in range(len(read) + 1):
@@ -190,7 +201,7 @@ def _commutes(ctx: CheckContext, node: ir.Node) -> bool:
     return high is None and (low is None or low == 0)
 
 
-def _read_conv(ctx: CheckContext, node: ir.Node) -> _Conv | None:
+def read_conv(ctx: CheckContext, node: ir.Node) -> Conv | None:
     """A conv whose int8 weights, zero-point 0, only it reads, and whose bias (if any) is constant."""
     weight = input_value(ctx.index, node, 1)
     if weight is None or len(weight.dequantizes) != 1 or weight.dequantizes[0].outputs[0].outputs != [node]:
@@ -205,24 +216,13 @@ def _read_conv(ctx: CheckContext, node: ir.Node) -> _Conv | None:
     slot = BIAS_INPUT["Conv"]
     bias = None
     if slot < len(node.inputs) and node.inputs[slot].name:
-        bias = _bias_values(ctx, node)
+        bias = conv_bias(ctx, node)
         if bias is None:
             return None
-    return _Conv(node, weight, values.astype(np.float64), bias, int(node.attrs.get("group", 1)))
+    return Conv(node, weight, values.astype(np.float64), bias, int(node.attrs.get("group", 1)))
 
 
-def _bias_values(ctx: CheckContext, node: ir.Node) -> np.ndarray | None:
-    tensor = node.inputs[BIAS_INPUT[node.op]]
-    quantized = input_value(ctx.index, node, BIAS_INPUT[node.op])
-    if quantized is not None:
-        values = effective_values(ctx, quantized)
-    else:
-        source = resolve_constant(tensor)
-        values = source_values(ctx.model, source) if source is not None else None
-    return values.astype(np.float64).ravel() if values is not None else None
-
-
-def _plan(ctx: CheckContext, convs: list[_Conv], links: list[_Link]) -> _Plan | None:
+def _plan(ctx: CheckContext, convs: list[Conv], links: list[_Link]) -> _Plan | None:
     """Factors for a chain and the estimated error of its grids without and with them."""
     if all(pow2.all_pow2(ctx.index.params(c.weight.nodes[0]).scale)
            and ctx.index.params(c.weight.nodes[0]).scale.size == 1 for c in convs):
@@ -235,12 +235,21 @@ def _plan(ctx: CheckContext, convs: list[_Conv], links: list[_Link]) -> _Plan | 
         params = ctx.index.params(link.last.nodes[0])
         step, zp = float(params.scale.ravel()[0]), float(params.zero_point.ravel()[0])
         largest = max(abs((params.qtype.qmin - zp) * step), abs((params.qtype.qmax - zp) * step))
-        models.append(equalize.Link(equalize.amplitudes(conv.values, conv.bias, largest), step))
+        measured = _measured_peaks(ctx, link.last, conv.values.shape[0])
+        amplitude = measured if measured is not None else equalize.amplitudes(conv.values, conv.bias, largest)
+        models.append(equalize.Link(amplitude, step))
     weights, groups = [c.values for c in convs], [c.group for c in convs]
     factors = equalize.factors(weights, groups, ctx.params["iterations"], ctx.params["max_factor"])
     ones = [np.ones_like(s) for s in factors]
     return _Plan(convs, links, models, factors, equalize.objective(weights, groups, models, ones),
                  equalize.objective(weights, groups, models, factors))
+
+
+def _measured_peaks(ctx: CheckContext, value: QTensor, channels: int) -> np.ndarray | None:
+    """Each channel's largest |value| on the `--calibrate` samples, of the tensor the Q before B reads."""
+    peaks = getattr(ctx.ranges, "channel_peak", None) or {}
+    found = peaks.get(value.float_input.name) if value.float_input is not None else None
+    return np.maximum(found, 1e-30) if found is not None and found.size == channels else None
 
 
 def _back(weights: np.ndarray, groups: list[int], factors: list[np.ndarray] | None, k: int) -> np.ndarray:
@@ -272,20 +281,25 @@ def _span(factors: list[np.ndarray], k: int) -> str:
     return f"{values.min():.3g}…{values.max():.3g}"
 
 
-def _bias_after(conv: _Conv, factors: list[np.ndarray], k: int) -> np.ndarray | None:
+def _bias_after(conv: Conv, factors: list[np.ndarray], k: int) -> np.ndarray | None:
     """The bias of conv k divided by its output channels' factors (the last conv's keeps its channels)."""
     if conv.bias is None:
         return None
     return conv.bias / factors[k] if k < len(factors) else conv.bias
 
 
-def _write_bias(ctx: FixContext, node: ir.Node, values: np.ndarray, code: str, summary: str,
-                shift: float | None) -> Change:
-    """The bias as a float constant; the target's bias rule (QDQ610 on the NPU) quantizes it at input × weight scale."""
+def write_bias(ctx: FixContext, node: ir.Node, values: np.ndarray, code: str, summary: str,
+               correction: np.ndarray | None, scaled: bool = True) -> Change:
+    """The bias as a float constant (added when the conv had none); the target's bias rule (QDQ610 on
+    the NPU) quantizes it at input × weight scale."""
     slot = BIAS_INPUT[node.op]
-    old = node.inputs[slot].name
-    ctx.edits.set_input(node, slot, ctx.model.new_constant(ctx.new_name(f"{old}_equalized", replacing=old),
+    old = node.inputs[slot].name if slot < len(node.inputs) and node.inputs[slot].name else f"{mention(node)}_bias"
+    ctx.edits.set_input(node, slot, ctx.model.new_constant(ctx.new_name(f"{old}_corrected", replacing=old),
                                                            values.astype(np.float32)))
-    corrected = f"; corrected for the weights' rounding (mean output shift {shift:.3g} removed)" if shift else ""
+    what = ["divided by its channels' factors"] if scaled else []
+    if correction is not None:
+        what.append(f"corrected for the weights' rounding (mean output shift up to {np.abs(correction).max():.3g} "
+                    "removed)")
+    cost = {"largest_shift": float(np.abs(correction).max())} if correction is not None else {}
     return Change(code, mention(node), old, "bias", f"{values.size} float values",
-                  f"{summary}: bias divided by its channels' factors{corrected}", {})
+                  f"{summary}: bias {' and '.join(what)}", cost)
