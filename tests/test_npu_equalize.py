@@ -40,7 +40,8 @@ def _float_chain(dw, b_dw, pw, b_pw, between: str = "Relu", bound: float | None 
     else:
         nodes.append(helper.make_node("Relu", ["a"], ["r"]))
     nodes.append(helper.make_node("Conv", ["r", "pw", "b_pw"], ["y"]))
-    graph = helper.make_graph(nodes, "chain", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, CHANNELS, SIZE, SIZE])],
+    graph = helper.make_graph(nodes, "chain",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, CHANNELS, SIZE, SIZE])],
                               [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], inits)
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)], ir_version=8)
 
@@ -61,7 +62,8 @@ def _per_channel(weight: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
 
 def _qdq_chain(tmp_path, between: str = "Relu", bound: float | None = None, mean: float = 0.0) -> str:
-    """The chain as onnxruntime's quantize_static writes it: per-channel int8 weights, int32 biases, uint8 activations."""
+    """The chain as onnxruntime's quantize_static writes it (per-channel int8 weights, uint8 activations), with
+    float biases."""
     dw, b_dw, pw, b_pw = _weights()
     float_model = _float_chain(dw, b_dw, pw, b_pw, between, bound)
     inits, nodes = [], []
@@ -77,7 +79,8 @@ def _qdq_chain(tmp_path, between: str = "Relu", bound: float | None = None, mean
         q, s = _per_channel(values)
         inits.extend([numpy_helper.from_array(q, f"{name}_q"), numpy_helper.from_array(s, f"{name}_s"),
                       numpy_helper.from_array(np.zeros(s.size, np.int8), f"{name}_z")])
-        nodes.append(helper.make_node("DequantizeLinear", [f"{name}_q", f"{name}_s", f"{name}_z"], [f"{name}_dq"], axis=0))
+        nodes.append(helper.make_node("DequantizeLinear", [f"{name}_q", f"{name}_s", f"{name}_z"], [f"{name}_dq"],
+                                      axis=0))
         return f"{name}_dq"
 
     # Activation scales from the float model's ranges on the test inputs, as a calibrator would set them.
@@ -128,7 +131,8 @@ def test_equalization_is_exact_in_float():
     assert np.ptp(np.log(factors[0])) > 1  # the channels do move, by different factors
     new_dw, new_pw = equalize.scaled([dw, pw], [CHANNELS, 1], factors)
     before = _float_chain(dw, b_dw, pw, b_pw)
-    after = _float_chain(new_dw.astype(np.float32), (b_dw / factors[0]).astype(np.float32), new_pw.astype(np.float32), b_pw)
+    after = _float_chain(new_dw.astype(np.float32), (b_dw / factors[0]).astype(np.float32),
+                         new_pw.astype(np.float32), b_pw)
     for x in _inputs():
         expected = _run(before, x)
         assert np.max(np.abs(_run(after, x) - expected)) <= 1e-5 * max(1.0, np.abs(expected).max())
@@ -163,14 +167,16 @@ def test_fix_equalizes_the_chain_and_comes_closer_to_the_input(tmp_path):
     assert all("sqnr_db" in c["values"] for c in made if c["tensor"] in ("dw_q", "pw_q"))
     assert _distance(equalized, model) < 0.7 * _distance(plain, model)
     # A second fix finds nothing more to equalize: the weights are on their grids.
-    again = qdq("fix", equalized, "--target", "npu", "--dry-run", "--format", "json", "--isolated", "--no-verify").json()
+    again = qdq("fix", equalized, "--target", "npu", "--dry-run", "--format", "json", "--isolated",
+                "--no-verify").json()
     assert not [c for c in again["changes"] if c["code"] == "QDQ510"]
 
 
 @pytest.mark.parametrize("bound, passed", [(None, True), (6.0, False)])
 def test_clip_is_passed_only_without_an_upper_bound(tmp_path, bound, passed):
     between = "Relu" if bound is None else "Clip"
-    report = qdq("lint", _qdq_chain(tmp_path, between, bound), "--target", "npu", "--format", "json", "--isolated").json()
+    model = _qdq_chain(tmp_path, between, bound)
+    report = qdq("lint", model, "--target", "npu", "--format", "json", "--isolated").json()
     found = [f for f in report["findings"] if f["code"] == "QDQ510"]
     assert bool(found) == passed
 

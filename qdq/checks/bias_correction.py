@@ -6,9 +6,9 @@ from typing import Iterable
 
 import numpy as np
 
-from qdq import equalize, pow2
+from qdq import equalize
 from qdq.bias_correction import input_means, shift
-from qdq.checks.equalization import read_conv, write_bias
+from qdq.checks.equalization import on_target_grid, read_conv, write_bias
 from qdq.requantize import set_params
 from qdq.rule import Change, CheckContext, Finding, FixContext, FixSafety, Rule, Severity, mention, register
 
@@ -41,8 +41,8 @@ class BiasCorrection(Rule):
 
     def check(self, ctx: CheckContext) -> Iterable[Finding]:
         for node in ctx.index.nodes_of(ctx.params["ops"]):
-            conv = read_conv(ctx, node)
-            if conv is None or _on_target_grid(ctx, conv):
+            conv = None if on_target_grid(ctx, node) else read_conv(ctx, node)
+            if conv is None:
                 continue
             found = input_means(ctx, node, ctx.params["bias_data_free"])
             if found is None or found[0].size != conv.values.shape[1] * conv.group:
@@ -58,14 +58,9 @@ class BiasCorrection(Rule):
         conv, moved = finding.subject
         integers, step = equalize.pow2_grid(conv.values)
         reason = f"{mention(conv.node)}: weights on their per-tensor power-of-two grid, bias corrected"
-        changes = set_params(ctx, conv.weight, step, self.code, reason, zero_point=0.0, integers=integers.astype(np.int8))
+        changes = set_params(ctx, conv.weight, step, self.code, reason, zero_point=0.0,
+                             integers=integers.astype(np.int8))
         bias = (conv.bias if conv.bias is not None else np.zeros(moved.size)) - moved
         changes.append(write_bias(ctx, conv.node, bias, self.code, reason, moved, scaled=False))
         return changes
-
-
-def _on_target_grid(ctx: CheckContext, conv) -> bool:
-    """Weights already per tensor and power of two: their rounding happened before qdq saw them."""
-    scale = ctx.index.params(conv.weight.nodes[0]).scale
-    return scale.size == 1 and pow2.all_pow2(scale)
 

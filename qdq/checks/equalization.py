@@ -78,8 +78,8 @@ class CrossLayerEqualization(Rule):
 
     code = "QDQ510"
     name = "cross-layer-equalization"
-    message = ("{first} → … {last} ({count} convolutions): equalizing their channels lowers the estimated error of the "
-               "per-tensor grids from {before:.3g} to {after:.3g}")
+    message = ("{first} → … {last} ({count} convolutions): equalizing their channels lowers the estimated error "
+               "of the per-tensor grids from {before:.3g} to {after:.3g}")
     severity = Severity.INFO
     fix_safety = FixSafety.APPROXIMATE
     parameters = {"through": ["Relu", "LeakyRelu", "PRelu", "Clip"], "iterations": 20, "max_factor": 256.0,
@@ -151,6 +151,8 @@ def _chains(ctx: CheckContext) -> Iterable[tuple[list[Conv], list[_Link]]]:
             nxt, link = following[id(chain[-1])]
             chain.append(nxt)
             links.append(link)
+        if all(on_target_grid(ctx, n) for n in chain):
+            continue  # on the target's grids already: the input's rounding cannot be undone
         read = [read_conv(ctx, n) for n in chain]
         # A conv that cannot be read ends the chain there; the pieces around it are chains of their own.
         start = 0
@@ -162,7 +164,8 @@ def _chains(ctx: CheckContext) -> Iterable[tuple[list[Conv], list[_Link]]]:
 
 
 def _link_after(ctx: CheckContext, conv: ir.Node) -> tuple[ir.Node, _Link] | None:
-    """The conv that alone reads this conv's output through Q/DQ pairs and passed activations, and the values between."""
+    """The conv that alone reads this conv's output through Q/DQ pairs and passed activations, and the
+    values between."""
     through = set(ctx.params["through"])
     tensor, values = conv.outputs[0] if conv.outputs else None, []
     while tensor is not None:
@@ -174,7 +177,8 @@ def _link_after(ctx: CheckContext, conv: ir.Node) -> tuple[ir.Node, _Link] | Non
         if reader.op == QUANTIZE:
             value = ctx.index.qtensor_of(reader)
             if value is None or value.quantize is not reader or len(value.dequantizes) != 1 \
-                    or why_grid_is_fixed(ctx, value) is not None or ctx.index.params(reader).granularity != "per-tensor":
+                    or why_grid_is_fixed(ctx, value) is not None \
+                    or ctx.index.params(reader).granularity != "per-tensor":
                 return None
             values.append(value)
             tensor = value.dequantizes[0].outputs[0]
@@ -201,6 +205,15 @@ def _commutes(ctx: CheckContext, node: ir.Node) -> bool:
     return high is None and (low is None or low == 0)
 
 
+def on_target_grid(ctx: CheckContext, node: ir.Node) -> bool:
+    """Whether a conv's weights are per tensor and power of two already: rounded before qdq saw them."""
+    weight = input_value(ctx.index, node, 1)
+    if weight is None:
+        return False
+    params = ctx.index.params(weight.nodes[0])
+    return not params.dynamic and params.scale.size == 1 and pow2.all_pow2(params.scale)
+
+
 def read_conv(ctx: CheckContext, node: ir.Node) -> Conv | None:
     """A conv whose int8 weights, zero-point 0, only it reads, and whose bias (if any) is constant."""
     weight = input_value(ctx.index, node, 1)
@@ -224,9 +237,6 @@ def read_conv(ctx: CheckContext, node: ir.Node) -> Conv | None:
 
 def _plan(ctx: CheckContext, convs: list[Conv], links: list[_Link]) -> _Plan | None:
     """Factors for a chain and the estimated error of its grids without and with them."""
-    if all(pow2.all_pow2(ctx.index.params(c.weight.nodes[0]).scale)
-           and ctx.index.params(c.weight.nodes[0]).scale.size == 1 for c in convs):
-        return None  # on the target's grids already: the input's rounding cannot be undone
     for a, b in zip(convs, convs[1:]):
         if a.values.shape[0] != b.values.shape[1] * b.group:
             return None
