@@ -37,10 +37,12 @@ class Conv:
 
 @dataclass
 class _Link:
-    """The graph between two convolutions: the activation values on the way, the last one read by B."""
+    """The graph between two convolutions: the activation values on the way, the last one read by B, and
+    whether an activation or a Q at its type's minimum (a folded Relu) rectifies them."""
 
     values: list[QTensor]
     last: QTensor
+    rectified: bool
 
 
 @dataclass
@@ -167,22 +169,25 @@ def _link_after(ctx: CheckContext, conv: ir.Node) -> tuple[ir.Node, _Link] | Non
     """The conv that alone reads this conv's output through Q/DQ pairs and passed activations, and the
     values between."""
     through = set(ctx.params["through"])
-    tensor, values = conv.outputs[0] if conv.outputs else None, []
+    tensor, values, rectified = conv.outputs[0] if conv.outputs else None, [], False
     while tensor is not None:
         if ctx.index.is_graph_output(tensor) or len(tensor.outputs) != 1:
             return None
         reader = tensor.outputs[0]
         if reader.op == "Conv":
-            return (reader, _Link(values, values[-1])) if values and reader.inputs[0] is tensor else None
+            return (reader, _Link(values, values[-1], rectified)) if values and reader.inputs[0] is tensor else None
         if reader.op == QUANTIZE:
             value = ctx.index.qtensor_of(reader)
             if value is None or value.quantize is not reader or len(value.dequantizes) != 1 \
                     or why_grid_is_fixed(ctx, value) is not None \
                     or ctx.index.params(reader).granularity != "per-tensor":
                 return None
+            params = ctx.index.params(reader)
+            rectified = rectified or (params.qtype is not None and np.all(params.zero_point == params.qtype.qmin))
             values.append(value)
             tensor = value.dequantizes[0].outputs[0]
         elif reader.op in through and _commutes(ctx, reader):
+            rectified = rectified or reader.op in ("Relu", "Clip")
             tensor = reader.outputs[0]
         else:
             return None
@@ -246,6 +251,8 @@ def _plan(ctx: CheckContext, convs: list[Conv], links: list[_Link]) -> _Plan | N
         step, zp = float(params.scale.ravel()[0]), float(params.zero_point.ravel()[0])
         largest = max(abs((params.qtype.qmin - zp) * step), abs((params.qtype.qmax - zp) * step))
         measured = _measured_peaks(ctx, link.last, conv.values.shape[0])
+        if measured is None and not link.rectified:
+            return None  # the amplitude model holds for a Relu's output only (docs/equalization.md)
         amplitude = measured if measured is not None else equalize.amplitudes(conv.values, conv.bias, largest)
         models.append(equalize.Link(amplitude, step))
     weights, groups = [c.values for c in convs], [c.group for c in convs]
