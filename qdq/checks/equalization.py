@@ -17,6 +17,7 @@ import numpy as np
 
 from qdq import equalize, ir, pow2
 from qdq.bias_correction import conv_bias, input_means, shift
+from qdq.insertion import float_type
 from qdq.operands import BIAS_INPUT, input_value
 from qdq.quant_index import QUANTIZE, QTensor, resolve_constant, source_values
 from qdq.requantize import effective_values, set_params, why_grid_is_fixed
@@ -305,6 +306,15 @@ def _bias_after(conv: Conv, factors: list[np.ndarray], k: int) -> np.ndarray | N
     return conv.bias / factors[k] if k < len(factors) else conv.bias
 
 
+def _computed_in(node: ir.Node) -> np.dtype:
+    """The float type a conv computes in (its bias must have it): the first of its data, weight and
+    output whose type is known (ModelOpt's FP16 exports compute in float16)."""
+    for tensor in (*node.inputs[:2], node.outputs[0]):
+        if tensor.dtype is not None:
+            return float_type(tensor)
+    return np.dtype(np.float32)
+
+
 def write_bias(ctx: FixContext, node: ir.Node, values: np.ndarray, code: str, summary: str,
                correction: np.ndarray | None, scaled: bool = True) -> Change:
     """The bias as a float constant (added when the conv had none); the target's bias rule (QDQ610 on
@@ -312,7 +322,7 @@ def write_bias(ctx: FixContext, node: ir.Node, values: np.ndarray, code: str, su
     slot = BIAS_INPUT[node.op]
     old = node.inputs[slot].name if slot < len(node.inputs) and node.inputs[slot].name else f"{mention(node)}_bias"
     ctx.edits.set_input(node, slot, ctx.model.new_constant(ctx.new_name(f"{old}_corrected", replacing=old),
-                                                           values.astype(np.float32)))
+                                                           values.astype(_computed_in(node))))
     what = ["divided by its channels' factors"] if scaled else []
     if correction is not None:
         what.append(f"corrected for the weights' rounding (mean output shift up to {np.abs(correction).max():.3g} "
