@@ -31,14 +31,21 @@ def _weights(seed: int = 0) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndar
             pw.astype(np.float32), (rng.normal(size=OUTPUTS) * 0.1).astype(np.float32))
 
 
+def _between(between: str, bound: float | None) -> tuple[str, list, list]:
+    """What the depthwise conv writes, and the nodes and constants from there to `r`, the 1×1 conv's input."""
+    if between == "none":
+        return "r", [], []
+    if between == "Clip":
+        bounds = [numpy_helper.from_array(np.float32(0), "lo"), numpy_helper.from_array(np.float32(bound), "hi")]
+        return "a", [helper.make_node("Clip", ["a", "lo", "hi"], ["r"])], bounds
+    return "a", [helper.make_node("Relu", ["a"], ["r"])], []
+
+
 def _float_chain(dw, b_dw, pw, b_pw, between: str = "Relu", bound: float | None = None) -> onnx.ModelProto:
     inits = [numpy_helper.from_array(v, n) for v, n in ((dw, "dw"), (b_dw, "b_dw"), (pw, "pw"), (b_pw, "b_pw"))]
-    nodes = [helper.make_node("Conv", ["x", "dw", "b_dw"], ["a"], group=CHANNELS, pads=[1, 1, 1, 1])]
-    if between == "Clip":
-        inits += [numpy_helper.from_array(np.float32(0), "lo"), numpy_helper.from_array(np.float32(bound), "hi")]
-        nodes.append(helper.make_node("Clip", ["a", "lo", "hi"], ["r"]))
-    else:
-        nodes.append(helper.make_node("Relu", ["a"], ["r"]))
+    written, activation, bounds = _between(between, bound)
+    nodes = [helper.make_node("Conv", ["x", "dw", "b_dw"], [written], group=CHANNELS, pads=[1, 1, 1, 1]), *activation]
+    inits += bounds
     nodes.append(helper.make_node("Conv", ["r", "pw", "b_pw"], ["y"]))
     graph = helper.make_graph(nodes, "chain",
                               [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, CHANNELS, SIZE, SIZE])],
@@ -62,15 +69,15 @@ def _per_channel(weight: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
 
 def _qdq_chain(tmp_path, between: str = "Relu", bound: float | None = None, mean: float = 0.0) -> str:
-    """The chain as onnxruntime's quantize_static writes it (per-channel int8 weights, uint8 activations), with
-    float biases."""
+    """The chain as onnxruntime's quantize_static writes it (per-channel int8 weights, uint8 activations, int8
+    between two convs with nothing between them), with float biases."""
     dw, b_dw, pw, b_pw = _weights()
     float_model = _float_chain(dw, b_dw, pw, b_pw, between, bound)
     inits, nodes = [], []
 
-    def qdq_activation(name: str, scale: float) -> str:
+    def qdq_activation(name: str, scale: float, zero_point: np.integer) -> str:
         inits.extend([numpy_helper.from_array(np.float32(scale), f"{name}_s"),
-                      numpy_helper.from_array(np.uint8(0 if name != "x" else 128), f"{name}_z")])
+                      numpy_helper.from_array(zero_point, f"{name}_z")])
         nodes.append(helper.make_node("QuantizeLinear", [name, f"{name}_s", f"{name}_z"], [f"{name}_q"]))
         nodes.append(helper.make_node("DequantizeLinear", [f"{name}_q", f"{name}_s", f"{name}_z"], [f"{name}_dq"]))
         return f"{name}_dq"
@@ -88,17 +95,16 @@ def _qdq_chain(tmp_path, between: str = "Relu", bound: float | None = None, mean
     probe.graph.output.extend([helper.make_tensor_value_info("r", TensorProto.FLOAT, None)])
     session = onnxruntime.InferenceSession(probe.SerializeToString(), providers=["CPUExecutionProvider"])
     outs = [session.run(None, {"x": x}) for x in _inputs(mean=mean)]
-    r_max = max(float(o[1].max()) for o in outs)
+    r_max = max(float(np.abs(o[1]).max()) for o in outs)
     y_max = max(float(np.abs(o[0]).max()) for o in outs)
-    x_in = qdq_activation("x", 8 / 127)
-    nodes.append(helper.make_node("Conv", [x_in, weight("dw", dw), "b_dw"], ["a"], group=CHANNELS, pads=[1, 1, 1, 1]))
-    inits.append(numpy_helper.from_array(b_dw, "b_dw"))
-    if between == "Clip":
-        inits += [numpy_helper.from_array(np.float32(0), "lo"), numpy_helper.from_array(np.float32(bound), "hi")]
-        nodes.append(helper.make_node("Clip", ["a", "lo", "hi"], ["r"]))
-    else:
-        nodes.append(helper.make_node("Relu", ["a"], ["r"]))
-    r_in = qdq_activation("r", r_max / 255)
+    x_in = qdq_activation("x", 8 / 127, np.uint8(128))
+    written, activation, bounds = _between(between, bound)
+    nodes.append(helper.make_node("Conv", [x_in, weight("dw", dw), "b_dw"], [written], group=CHANNELS,
+                                  pads=[1, 1, 1, 1]))
+    nodes += activation
+    inits += [numpy_helper.from_array(b_dw, "b_dw"), *bounds]
+    r_in = qdq_activation("r", r_max / 127, np.int8(0)) if between == "none" else qdq_activation("r", r_max / 255,
+                                                                                                  np.uint8(0))
     nodes.append(helper.make_node("Conv", [r_in, weight("pw", pw), "b_pw"], ["y"]))
     inits.append(numpy_helper.from_array(b_pw, "b_pw"))
     nodes.append(helper.make_node("QuantizeLinear", ["y", "y_s", "y_z"], ["y_q"]))
@@ -222,3 +228,14 @@ def test_bias_correction_lowers_the_mean_output_shift(tmp_path, equalized):
     corrected = _fixed(model, str(tmp_path / "corrected.onnx"), "--calibrate", str(calibration),
                        *(["--ignore", ignored] if ignored else []))
     assert _mean_shift(corrected, model, MEAN) < 0.5 * _mean_shift(plain, model, MEAN)
+
+
+def test_a_linear_link_is_equalized_only_on_measured_ranges(tmp_path):
+    """Without data the amplitude model is a Relu output's; between two linear convs only measured peaks serve."""
+    model = _qdq_chain(tmp_path, "none")
+    calibration = tmp_path / "calib.npz"
+    np.savez(calibration, x=_inputs()[:, 0])
+    for data, expected in (([], False), (["--calibrate", str(calibration)], True)):
+        report = qdq("fix", model, "--target", "npu", "--dry-run", "--format", "json", "--isolated", "--no-verify",
+                     *data).json()
+        assert bool([c for c in report["changes"] if c["code"] == "QDQ510"]) == expected
