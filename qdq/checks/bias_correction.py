@@ -41,11 +41,10 @@ class BiasCorrection(Rule):
 
     def check(self, ctx: CheckContext) -> Iterable[Finding]:
         for node in ctx.index.nodes_of(ctx.params["ops"]):
-            conv = None if on_target_grid(ctx, node) else read_conv(ctx, node)
-            if conv is None:
-                continue
-            found = input_means(ctx, node, ctx.params["bias_data_free"])
-            if found is None or found[0].size != conv.values.shape[1] * conv.group:
+            # Cheapest first: most convs have no known means (no data), and reading weights dequantizes them.
+            found = None if on_target_grid(ctx, node) else input_means(ctx, node, ctx.params["bias_data_free"])
+            conv = read_conv(ctx, node) if found is not None else None
+            if conv is None or found[0].size != conv.values.shape[1] * conv.group:
                 continue
             integers, step = equalize.pow2_grid(conv.values)
             moved = shift(conv.values, integers * step, conv.group, found[0])
