@@ -178,8 +178,7 @@ def kept_within_half_step(old_q, old_scale: float, new_q, new_scale: float, qmin
 
 
 # Rules the npu set shares with trt, tested in their own file.
-COVERED_ELSEWHERE = {"QDQ509": "test_rules_reduced_range.py", "QDQ510": "test_npu_equalize.py",
-                     "QDQ511": "test_npu_equalize.py"}
+COVERED_ELSEWHERE = {"QDQ509": "test_rules_reduced_range.py"}
 
 
 def test_every_npu_rule_is_covered_here():
