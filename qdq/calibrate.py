@@ -21,8 +21,36 @@ log = logging.getLogger("qdq")
 _FLOAT_TYPES = {TensorProto.FLOAT, TensorProto.FLOAT16, TensorProto.DOUBLE, TensorProto.BFLOAT16}
 
 
-def tensor_ranges(model_path: Path, *samples: dict[str, np.ndarray]) -> dict[str, tuple[float, float]]:
-    """The (min, max) over `samples` (feeds) of the graph's float inputs and every float tensor its nodes compute."""
+class Measured(dict):
+    """(min, max) per tensor name, as a dict; and, for feature maps (rank 3 and more, channels on
+    axis 1), each channel's mean (`channel_mean`) and largest |value| (`channel_peak`), which
+    equalization and bias correction (QDQ510, QDQ511) read. A dict, so every fix that reads
+    ranges takes it as it is."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.channel_mean: dict[str, np.ndarray] = {}
+        self.channel_peak: dict[str, np.ndarray] = {}
+        self._sums: dict[str, np.ndarray] = {}
+        self._counts: dict[str, int] = {}
+
+    def add(self, name: str, value: np.ndarray) -> None:
+        low, high = _range(value)
+        old = self.get(name, (low, high))
+        self[name] = (min(old[0], low), max(old[1], high))
+        if value.ndim >= 3 and value.dtype.kind == "f":
+            axes = tuple(a for a in range(value.ndim) if a != 1)
+            peak = np.abs(value).max(axis=axes).astype(np.float64)
+            mean = value.mean(axis=axes, dtype=np.float64)
+            self.channel_peak[name] = np.maximum(self.channel_peak.get(name, peak), peak)
+            self._sums[name] = self._sums.get(name, 0) + mean
+            self._counts[name] = self._counts.get(name, 0) + 1
+            self.channel_mean[name] = self._sums[name] / self._counts[name]
+
+
+def tensor_ranges(model_path: Path, *samples: dict[str, np.ndarray]) -> Measured:
+    """The (min, max) over `samples` (feeds) of the graph's float inputs and every float tensor its nodes
+    compute, with per-channel statistics of the feature maps (`Measured`)."""
     from qdq.runtime import session as new_session  # imported here: linting never needs onnxruntime
 
     proto = onnx.load(str(model_path))
@@ -33,7 +61,7 @@ def tensor_ranges(model_path: Path, *samples: dict[str, np.ndarray]) -> dict[str
             value = typed.get(name)
             if value is not None and name not in declared and value.type.tensor_type.elem_type in _FLOAT_TYPES:
                 proto.graph.output.append(value)
-    ranges: dict[str, tuple[float, float]] = {}
+    ranges = Measured()
     try:
         session = new_session(proto.SerializeToString())
         names = [o.name for o in session.get_outputs()]
@@ -41,9 +69,7 @@ def tensor_ranges(model_path: Path, *samples: dict[str, np.ndarray]) -> dict[str
             results = session.run(names, {i.name: feeds[i.name] for i in session.get_inputs()})
             for name, value in [*feeds.items(), *zip(names, results)]:
                 if isinstance(value, np.ndarray) and value.dtype.kind in "fiu" and value.size:
-                    low, high = _range(value)
-                    old = ranges.get(name, (low, high))
-                    ranges[name] = (min(old[0], low), max(old[1], high))
+                    ranges.add(name, value)
     except ValueError as exc:  # protobuf refuses to serialise a model over 2 GiB
         raise QdqError(f"{model_path}: cannot calibrate: {exc}") from None
     except Exception as exc:

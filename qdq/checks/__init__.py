@@ -18,9 +18,11 @@
 - reduced_range: QDQ509, a Clip on the integers between Q and DQ (PyTorch's reduced-range quantizer)
 - strong_typing: QDQ901-903, what a strongly typed TensorRT 11 network builds from the model's float types
 - weight_type: QDQ508, int8 weights a 16-bit pair-sum kernel can saturate, stored as uint8
+- equalization: QDQ510, Conv chains whose per-tensor weight grids lose less with equalized channels
+- bias_correction: QDQ511, the mean output shift a conv's per-tensor weight rounding causes, taken back by its bias
 """
 
 from qdq.checks import (  # noqa: F401
-    alignment, artefacts, batchnorm, bias, coverage, cpu_fallback, dpu, float_by_design, formats, lower_bounds,
-    node_units, pairing, placement, qparams, reduced_range, shifts, strong_typing, weight_type,
+    alignment, artefacts, batchnorm, bias, bias_correction, coverage, cpu_fallback, dpu, equalization, float_by_design,
+    formats, lower_bounds, node_units, pairing, placement, qparams, reduced_range, shifts, strong_typing, weight_type,
 )
