@@ -17,7 +17,7 @@ import numpy as np
 from qdq import ir
 from qdq.dtypes import QuantType
 from qdq.ops import DEQUANTIZE, QUANTIZE
-from qdq.quant_index import PER_TENSOR, QTensor, resolve_constant, source_values
+from qdq.quant_index import PER_TENSOR, QTensor, clipped_integers, resolve_constant, source_values
 from qdq.requantize import set_params
 from qdq.rule import Change, CheckContext, Finding, FixContext, FixSafety, Rule, Severity, mention, register
 
@@ -117,11 +117,9 @@ class ReducedRangeQuantizer(Rule):
 
 def _clipped_constant(qt: QTensor) -> tuple[list[ir.Node], ir.Tensor | None]:
     """The integer Clips (first to last) between stored integers and the DQs of `qt`, and the constant."""
-    clips: list[ir.Node] = []
-    tensor = qt.integer
-    while qt.quantize is None and len(tensor.inputs) == 1 and tensor.inputs[0].op == "Clip" and tensor.inputs[0].inputs:
-        clips.insert(0, tensor.inputs[0])
-        tensor = tensor.inputs[0].inputs[0]
+    if qt.quantize is not None:
+        return [], None
+    clips, tensor = clipped_integers(qt.integer)
     source = resolve_constant(tensor) if clips else None
     return (clips, tensor) if source is not None else ([], None)
 
