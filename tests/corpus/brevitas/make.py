@@ -40,7 +40,8 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent / "float"))
 import make_float  # noqa: E402  (the float corpus networks and their training)
 
-# file stem → (architecture, weight bits, weight granularity, merge BatchNorm, dynamo export)
+# file stem → (architecture, weight bits, weight granularity, merge BatchNorm, dynamo export); the
+# dynamo path refuses quantized biases, so its biases stay float.
 VARIANTS = {
     "resnet_w8_per_tensor": ("resnet", 8, "per_tensor", True, False),
     "mobilenetv2_w4_per_channel_bn": ("mobilenetv2", 4, "per_channel", False, False),
@@ -59,8 +60,9 @@ def quantize(stem: str) -> dict:
     arch, bits, granularity, merge_bn, dynamo = VARIANTS[stem]
     model = make_float.build(arch, make_float.data_for(arch)).eval()
     model = preprocess_for_quantize(model, merge_bn=merge_bn)
+    bias_bits = None if dynamo else 32
     quant = quantize_model(
-        model, backend="fx", weight_bit_width=bits, act_bit_width=8, bias_bit_width=32,
+        model, backend="fx", weight_bit_width=bits, act_bit_width=8, bias_bit_width=bias_bits,
         weight_quant_granularity=granularity, act_quant_percentile=99.999, act_quant_type="sym",
         scale_factor_type="float_scale", quant_format="int",
     )
@@ -79,7 +81,7 @@ def quantize(stem: str) -> dict:
         "settings": {
             "dynamo": dynamo, "opset_version": OPSET[dynamo], "backend": "fx", "merge_bn": merge_bn,
             "weight_bit_width": bits, "weight_quant_granularity": granularity, "act_bit_width": 8,
-            "bias_bit_width": 32, "act_quant_type": "sym", "act_quant_percentile": 99.999,
+            "bias_bit_width": bias_bits, "act_quant_type": "sym", "act_quant_percentile": 99.999,
             "scale_factor_type": "float_scale", "torch": torch.__version__,
         },
         "made_by": "make.py",
@@ -95,8 +97,8 @@ def main() -> None:
     entries = {e["file"]: e for e in json.loads(path.read_text())} if path.exists() else {}
     for stem in sys.argv[1:] or VARIANTS:
         entries[f"{stem}.onnx"] = quantize(stem)
-    manifest = [entries[f"{stem}.onnx"] for stem in VARIANTS if f"{stem}.onnx" in entries]
-    path.write_text(json.dumps(manifest, indent=2) + "\n")
+        manifest = [entries[f"{stem}.onnx"] for stem in VARIANTS if f"{stem}.onnx" in entries]
+        path.write_text(json.dumps(manifest, indent=2) + "\n")
 
 
 if __name__ == "__main__":
