@@ -11,7 +11,10 @@ folder has:
 - weights stored as int8 constants → Clip(-2^(b-1)+1, 2^(b-1)-1) → DequantizeLinear (QCDQ), at
   4, 6 and 8 bits, per tensor and per channel, and int32 biases from the weight and input scales;
 - TorchScript path (`dynamo=False`): parameters that are also graph inputs with initializers;
-- dynamo path (`dynamo=True`, opset 18): weights in an external data file beside the model.
+- dynamo path (`dynamo=True`, opset 18): float weights → Q → Clip → DQ, float biases, every node
+  with torch's metadata_props. torch writes the weights as external data; Brevitas then loads
+  the model and saves it again with `onnx.save`, inline, so the `.data` file it leaves beside the
+  model is referenced by nothing (this script deletes it).
 
 Brevitas must not go into the project's environment. Run it from a scratch venv:
 
@@ -72,6 +75,7 @@ def quantize(stem: str) -> dict:
     calibrate(loader, quant)
     path = HERE / f"{stem}.onnx"
     export_onnx_qcdq(quant.eval(), loader[0][0], str(path), opset_version=OPSET[dynamo], dynamo=dynamo)
+    path.with_name(path.name + ".data").unlink(missing_ok=True)  # torch's external data, re-saved inline
     onnx.checker.check_model(str(path))
     return {
         "file": path.name,
