@@ -220,13 +220,16 @@ class QTensor:
 
     @property
     def from_constant(self) -> bool:
-        """Stored integers (also behind integer Clips, as Brevitas stores weights), or a Q of a float
-        constant: a parameter, not an activation (checked without walking the graph, which for an
-        activation would go back to the model's inputs)."""
-        if self.quantize is None:
+        """Stored integers, or a Q of a float constant, also behind integer Clips (Brevitas's weights):
+        a parameter, not an activation (checked without walking the graph, which for an activation
+        would go back to the model's inputs)."""
+        if self.quantize is None:  # stored, or behind Clips of stored integers or of a Q of a constant
             _, source = clipped_integers(self.integer)
-            return resolve_constant(source) is not None
-        return bool(self.quantize.inputs) and resolve_constant(self.quantize.inputs[0]) is not None
+            if resolve_constant(source) is not None:
+                return True
+            producer = source.inputs[0] if source is not self.integer and len(source.inputs) == 1 else None
+            return producer is not None and producer.op == QUANTIZE and _quantizes_constant(producer)
+        return _quantizes_constant(self.quantize)
 
 
 @dataclass
@@ -463,6 +466,10 @@ def resolve_constant(tensor: ir.Tensor) -> ConstantSource | None:
             tensor = producer.inputs[0]
             continue
         return None
+
+
+def _quantizes_constant(quantize: ir.Node) -> bool:
+    return bool(quantize.inputs) and resolve_constant(quantize.inputs[0]) is not None
 
 
 def clipped_integers(tensor: ir.Tensor) -> tuple[list[ir.Node], ir.Tensor]:

@@ -166,11 +166,13 @@ def effective_weights(path: Path) -> dict[str, tuple[np.ndarray, np.ndarray]]:
 
 def test_brevitas_clipped_weights_keep_their_values(tmp_path):
     """Issue 39: Brevitas's QCDQ stores 4-bit weights as int8 → Clip(-7, 7) → per-channel DQ. The NPU
-    fix gives each one scale per tensor (QDQ502, the largest), then a power of two (QDQ504); the
-    integers behind the Clip are re-quantized each time, so a weight moves by at most one new step
-    (two roundings, each within half a step of a grid no finer than the last). Before, the scale
-    moved and the integers stayed: weights ×1.14 per tensor, up to ×5.6 per channel. (BatchNorm
-    folding, which rescales weights on purpose, is left out here.)"""
+    fix gives each one scale per tensor (QDQ502), then a power of two (QDQ504); the integers behind
+    the Clip are re-quantized each time, so a weight moves by at most one new step (two roundings,
+    each within half a step of a grid no finer than the last). Before, the scale moved and the
+    integers stayed: weights ×1.14 per tensor, up to ×5.6 per channel. The one scale is the finest
+    that holds every weight in int8, not the largest 4-bit scale, which would leave 4 bits unused
+    (the output error to the float twin was 0.91, now 0.12). (BatchNorm folding, which rescales
+    weights on purpose, is left out here.)"""
     model = CORPUS / "brevitas" / "mobilenetv2_w4_per_channel_bn.onnx"
     out, report = fixed(tmp_path, model, "--target", "npu", "--ignore", "QDQ204")
     assert len(changes(report, "QDQ509")) == 18
@@ -178,6 +180,6 @@ def test_brevitas_clipped_weights_keep_their_values(tmp_path):
     assert before.keys() == after.keys() and len(before) == 18
     for name, (old, old_scale) in before.items():
         new, new_scale = after[name]
-        assert np.unique(new_scale).size == 1 and np.all(new_scale >= old_scale), name
+        assert np.unique(new_scale).size == 1 and np.all(new_scale < old_scale.max() / 4), name
         assert float(np.log2(new_scale.flat[0])).is_integer(), name
         assert np.all(np.abs(new - old) <= new_scale * (1 + 1e-6)), name
