@@ -223,8 +223,11 @@ def _one_scale(ctx: FixContext, qt: QTensor, code: str, reason: str) -> list[Cha
     scale, zero_point = float(params.scale.max()), float(params.zero_point.ravel()[0])
     values = effective_values(ctx, qt) if qt.stored else None
     if values is not None and values.size:
-        holds = max(float(values.max()) / (params.qtype.qmax - zero_point),
-                    float(values.min()) / (params.qtype.qmin - zero_point))
+        holds = 0.0  # the finest scale whose grid reaches both extremes from the zero-point
+        for extreme, room in ((float(values.max()), params.qtype.qmax - zero_point),
+                              (float(values.min()), params.qtype.qmin - zero_point)):
+            if extreme != 0:
+                holds = max(holds, extreme / room) if extreme * room > 0 else math.inf
         if 0 < holds <= scale / 2:
             scale, reason = holds, reason.replace("the largest", "the finest that holds every value (they use under half the type)")
     return set_params(ctx, qt, scale, code, reason, zero_point=zero_point)
