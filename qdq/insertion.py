@@ -19,6 +19,7 @@ from onnx import helper
 
 from qdq import ir
 from qdq.dtypes import quant_type
+from qdq.float_types import element_type
 from qdq.ops import PER_AXIS_OPSET
 from qdq.quant_index import DEQUANTIZE, QDQ_DOMAINS, QUANTIZE, resolve_constant
 from qdq.requantize import describe
@@ -27,14 +28,34 @@ from qdq.rule import Change, CheckContext, FixContext, mention
 
 
 def existing_quantize(tensor: ir.Tensor) -> ir.Node | None:
-    """A per-tensor Q that already quantizes this tensor (one with DQ readers first), if any."""
-    candidates = [
+    """A per-tensor Q that already quantizes this tensor (one with DQ readers first), if any.
+
+    The output of a Cast to the float type of a Q of the Cast's input counts as that input: ModelOpt
+    exports a quantizer's other readers through such a float → float Cast, and a DQ of that Q gives
+    its reader the same type."""
+    candidates = _quantizes(tensor)
+    producer = tensor.inputs[0] if len(tensor.inputs) == 1 else None
+    if not candidates and producer is not None and producer.op == "Cast" and producer.inputs:
+        to = producer.attrs.get("to")
+        candidates = [q for q in _quantizes(producer.inputs[0]) if _scale_type(q) == to]
+    candidates.sort(key=lambda q: not _dequantizes_of(q))
+    return candidates[0] if candidates else None
+
+
+def _quantizes(tensor: ir.Tensor) -> list[ir.Node]:
+    return [
         n for n in tensor.outputs
         if n.op == QUANTIZE and n.domain in QDQ_DOMAINS and n.inputs and n.inputs[0] is tensor and n.outputs
         and _per_tensor(n)
     ]
-    candidates.sort(key=lambda q: not _dequantizes_of(q))
-    return candidates[0] if candidates else None
+
+
+def _scale_type(quantize: ir.Node) -> int | None:
+    """The ONNX element type of a Q's constant scale (None through a Cast): what a DQ of it outputs."""
+    source = resolve_constant(quantize.inputs[1]) if len(quantize.inputs) > 1 else None
+    if source is None or any(node.op == "Cast" for node in source.via):
+        return None
+    return element_type(source.constant.dtype)
 
 
 def read_through(ctx: FixContext, consumer: ir.Node, slot: int, quantize: ir.Node, code: str, reason: str) -> Change:

@@ -12,7 +12,7 @@ import math
 from typing import Iterable
 
 from qdq import ir, pow2
-from qdq.quant_index import PER_TENSOR, QuantIndex, QTensor
+from qdq.quant_index import DEQUANTIZE, PER_TENSOR, QuantIndex, QTensor
 
 # Which inputs of an op hold its weight and bias (ONNX semantics, not target knowledge).
 WEIGHT_INPUT = {"Conv": 1, "ConvTranspose": 1, "Gemm": 1, "MatMul": 1}
@@ -64,7 +64,7 @@ def role(index: QuantIndex, qt: QTensor) -> str:
 def _role(index: QuantIndex, qt: QTensor) -> str:
     if not qt.from_constant:
         return ACTIVATION
-    for dq in qt.dequantizes:
+    for dq in qt.dequantizes + _behind_clips(index, qt):
         for tensor in dq.outputs:
             for consumer, _ in index.consumers_through(tensor):
                 slot = [i for i, t in enumerate(consumer.inputs) if _reaches(t, tensor)]
@@ -73,6 +73,19 @@ def _role(index: QuantIndex, qt: QTensor) -> str:
                 if WEIGHT_INPUT.get(consumer.op) in slot:
                     return WEIGHT
     return ACTIVATION
+
+
+def _behind_clips(index: QuantIndex, qt: QTensor) -> list[ir.Node]:
+    """The DQs that read a Q's integers through integer Clips (Brevitas: weight → Q → Clip → DQ),
+    so the Q's value has the role of what those DQs feed."""
+    found, pending = [], [qt.integer] if qt.quantize is not None else []
+    while pending:
+        for reader, _ in index.consumers_through(pending.pop()):
+            if reader.op == "Clip" and reader.outputs:
+                pending.append(reader.outputs[0])
+            elif reader.op == DEQUANTIZE and reader not in qt.dequantizes:
+                found.append(reader)
+    return found
 
 
 def _reaches(tensor: ir.Tensor | None, source: ir.Tensor) -> bool:

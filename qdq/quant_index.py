@@ -220,10 +220,16 @@ class QTensor:
 
     @property
     def from_constant(self) -> bool:
-        """Stored integers, or a Q of a float constant: a parameter, not an activation (checked
-        without walking the graph, which for an activation would go back to the model's inputs)."""
-        return self.stored or (self.quantize is not None and bool(self.quantize.inputs)
-                               and resolve_constant(self.quantize.inputs[0]) is not None)
+        """Stored integers, or a Q of a float constant, also behind integer Clips (Brevitas's weights):
+        a parameter, not an activation (checked without walking the graph, which for an activation
+        would go back to the model's inputs)."""
+        if self.quantize is None:  # stored, or behind Clips of stored integers or of a Q of a constant
+            _, source = clipped_integers(self.integer)
+            if resolve_constant(source) is not None:
+                return True
+            producer = source.inputs[0] if source is not self.integer and len(source.inputs) == 1 else None
+            return producer is not None and producer.op == QUANTIZE and _quantizes_constant(producer)
+        return _quantizes_constant(self.quantize)
 
 
 @dataclass
@@ -460,6 +466,20 @@ def resolve_constant(tensor: ir.Tensor) -> ConstantSource | None:
             tensor = producer.inputs[0]
             continue
         return None
+
+
+def _quantizes_constant(quantize: ir.Node) -> bool:
+    return bool(quantize.inputs) and resolve_constant(quantize.inputs[0]) is not None
+
+
+def clipped_integers(tensor: ir.Tensor) -> tuple[list[ir.Node], ir.Tensor]:
+    """The integer Clips (first to last) that end at `tensor`, each the only reader of the one
+    before, and the tensor the first reads (`tensor` itself when no Clip makes it)."""
+    clips: list[ir.Node] = []
+    while len(tensor.inputs) == 1 and tensor.inputs[0].op == "Clip" and tensor.inputs[0].inputs:
+        clips.insert(0, tensor.inputs[0])
+        tensor = tensor.inputs[0].inputs[0]
+    return clips, tensor
 
 
 def _constant_node_value(node: ir.Node) -> ir.Constant | None:

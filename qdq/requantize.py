@@ -28,7 +28,7 @@ from onnx import helper
 from qdq import ir, pow2
 from qdq.dtypes import QuantType, quant_type
 from qdq.ops import QUANTIZE
-from qdq.quant_index import QParams, QTensor, resolve_constant, source_values
+from qdq.quant_index import QParams, QTensor, clipped_integers, resolve_constant, source_values
 from qdq.rounding import RoundingCost, along, cost_sentence, quantize
 from qdq.rule import Change, CheckContext, FixContext, mention
 
@@ -155,9 +155,7 @@ def why_grid_is_fixed(ctx: CheckContext, qt: QTensor, going: Sequence[ir.Node] =
 def _clipped_source(clip: ir.Node) -> str | None:
     """The tensor a chain of integer Clips ending at `clip` reads, unless a QuantizeLinear writes it
     (then a new scale re-quantizes the float values and the Clip's bounds stay steps: None)."""
-    tensor = clip.inputs[0]
-    while tensor.inputs and tensor.inputs[0].op == "Clip":
-        tensor = tensor.inputs[0].inputs[0]
+    _, tensor = clipped_integers(clip.outputs[0])
     producer = tensor.inputs[0] if tensor.inputs else None
     return None if producer is not None and producer.op == QUANTIZE else tensor.name
 

@@ -92,9 +92,15 @@ class _Graph:
         return scale, zp, elem
 
     def from_constant(self, dq: onnx.NodeProto) -> bool:
-        """A DQ of stored integers (or of a Q of a constant): a weight or bias, not an activation."""
+        """A DQ of stored integers (or of a Q of a constant): a weight or bias, not an activation.
+        A Clip of constants counts as one (Brevitas's weights): onnxruntime's constant folding runs
+        before its Q/DQ fusion."""
         quantize = self.made_by(dq.input[0], "QuantizeLinear")
-        return dq.input[0] in self.constants or (quantize is not None and quantize.input[0] in self.constants)
+        return self._constant(dq.input[0]) or (quantize is not None and quantize.input[0] in self.constants)
+
+    def _constant(self, tensor: str) -> bool:
+        clip = self.made_by(tensor, "Clip")
+        return tensor in self.constants or (clip is not None and all(not t or self._constant(t) for t in clip.input))
 
 
 def _name(elem: int | None) -> str:

@@ -177,6 +177,31 @@ def test_per_channel_weight_takes_k_in_its_scales(builder, tmp_path):
     assert_clean_and_settled(out)
 
 
+def test_weight_behind_a_clip_of_stored_integers_is_folded(builder, tmp_path):
+    """Issue 39: Brevitas stores 4-bit weights as int8 → Clip(-7, 7) → per-channel DQ and keeps the
+    BatchNorm. QDQ204 saw no stored weight behind the Clip, so for onnxruntime (no QDQ509 to fold
+    the Clip first) the BatchNorm stayed and QDQ804 asked for calibration data. The fold takes the
+    clipped integers, k into the scales: exact, and the DQ reads the integers without the Clip."""
+    gamma, beta, mean, var = bn_stats()
+    scales = f32([0.01, 0.02, 0.015, 0.012])
+    stored = np.random.default_rng(3).integers(-9, 10, size=(C_OUT, C_IN, 3, 3)).astype(np.int8)  # some past ±7
+    builder.init("w_int", stored)
+    bounds = [builder.init("w_lo", np.int8(-7)), builder.init("w_hi", np.int8(7))]
+    clipped = builder.node("Clip", ["w_int", *bounds], name="w_clip")
+    w = builder.node("DequantizeLinear", [clipped, *builder.qparams("w", scales)], name="w_dq", axis=0)
+    conv = builder.node("Conv", [data_input(builder), w], name="conv", pads=[1, 1, 1, 1])
+    builder.output(batchnorm(builder, conv, gamma, beta, mean, var), [2, C_OUT, 6, 6])
+    path = save(builder, tmp_path)
+    [finding] = findings_of(load_model(path), "QDQ204", "ort")
+    assert finding.fix is not None
+    (change,), out, before, after = fold(path, tmp_path, "ort")
+    assert change.values["weight"] == "scales multiplied" and change.values["exact"] is True
+    dq = node_of(out, "w_dq")
+    assert "Clip" not in ops(out)
+    np.testing.assert_array_equal(arrays(out)[dq.input[0]], np.clip(stored, -7, 7))
+    np.testing.assert_allclose(after[0], before[0], rtol=1e-5, atol=1e-5)
+
+
 def test_per_tensor_weight_is_requantized_and_the_cost_reported(builder, tmp_path):
     gamma, beta, mean, var = bn_stats()
     w = builder.weight("w", weight_values((C_OUT, C_IN, 3, 3)), scale=0.01)

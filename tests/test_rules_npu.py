@@ -348,11 +348,11 @@ def test_qdq501_weight_and_bias_types(tmp_path, wtype, btype, expected):
 # --- QDQ502 per-axis-scale -----------------------------------------------------------------------
 
 
-def per_axis_conv(scale) -> GraphBuilder:
+def per_axis_conv(scale, high: int = 100) -> GraphBuilder:
     b = GraphBuilder()
     x = act(b, b.input("x", [1, 2, 5, 5]), "x", 4)
     axis = {"axis": 0} if np.ndim(scale) else {}
-    w = const_dq(b, "w", weight_ints([3, 2, 3, 3]), scale=f32(scale), **axis)
+    w = const_dq(b, "w", weight_ints([3, 2, 3, 3], high=high), scale=f32(scale), **axis)
     y = b.node("Conv", [x, w], ["y"], name="conv")
     b.output(act(b, y, "out", 3), [1, 3, 3, 3])
     return b
@@ -371,6 +371,20 @@ def test_qdq502_per_channel_weight_becomes_one_scale(tmp_path):
     assert np.array_equal(m.ints("w"), expected)
     assert changes[0].values["saturated"] == 0
     assert changes[0].values["rounded_to_zero"] == int(np.count_nonzero((expected == 0) & (old != 0)))
+
+
+def test_qdq502_narrow_weight_takes_the_finest_scale_that_holds_it(tmp_path):
+    """Issue 39: Brevitas stores 4-bit weights in int8 ([-7, 7]). The largest per-channel scale
+    would keep them on a 4-bit grid in an 8-bit type (for the corpus MobileNetV2, output error to
+    the float twin 0.91 after the NPU fix); the finest scale that holds every weight uses the type."""
+    scales = f32([2.0**-7, 2.0**-5, 2.0**-6])
+    model = load(per_axis_conv(scales, high=7), tmp_path)
+    changes, m = fix_npu(model, "QDQ502", tmp_path, {"x": rand(1, 2, 5, 5)})
+    old = weight_ints([3, 2, 3, 3], high=7).astype(np.float64) * scales.reshape(3, 1, 1, 1)
+    step = max(old.max() / 127, old.min() / -128)
+    assert m.scale("w_dq") == pytest.approx(step, rel=1e-6) and step < 2.0**-5 / 2
+    assert np.array_equal(m.ints("w"), np.rint(old / np.float32(m.scale("w_dq"))))
+    assert changes[0].values["saturated"] == 0 and "finest" in changes[0].description
 
 
 def test_qdq502_negative(tmp_path):

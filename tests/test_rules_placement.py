@@ -31,10 +31,12 @@ def conv(b: GraphBuilder, x: str, name: str, cin: int = 4, cout: int = 4, quanti
     return b.node("Conv", [x, weight, b.init(f"{name}_b", np.zeros(cout, np.float32))], name=name, pads=[1, 1, 1, 1])
 
 
-def basic_block(residual_qdq: bool = False, qdq_before_add: bool = False, downsample: bool = False) -> GraphBuilder:
+def basic_block(residual_qdq: bool = False, qdq_before_add: bool = False, downsample: bool = False,
+                cast_residual: bool = False) -> GraphBuilder:
     """x → Q/DQ → conv1 → Relu → Q/DQ → conv2 → [Q/DQ] → Add(·, residual) → Relu → Q/DQ → y.
 
-    The residual is x itself (float unless `residual_qdq`), or a downsample conv of it.
+    The residual is x itself (float unless `residual_qdq`; through a float → float Cast when
+    `cast_residual`, as ModelOpt exports a quantizer's other readers), or a downsample conv of it.
     """
     b = GraphBuilder()
     x = b.input("x", [1, 4, 6, 6])
@@ -50,6 +52,8 @@ def basic_block(residual_qdq: bool = False, qdq_before_add: bool = False, downsa
                                    b.init("ds_b", np.zeros(4, np.float32))], name="ds_conv")
     elif residual_qdq:
         residual = b.dq(xq, 0.03, name="x_dq_residual")
+    elif cast_residual:
+        residual = b.node("Cast", [x], name="x_cast", to=onnx.TensorProto.FLOAT)
     y = b.node("Relu", [b.node("Add", [h, residual], name="add")], name="relu_out")
     b.node("DequantizeLinear", [b.q(y, 0.05, name="y_q"), *b.qparams("y_dq", 0.05)], outputs=["y"], name="y_dq")
     b.output("y", [1, 4, 6, 6])
@@ -85,6 +89,21 @@ def test_float_residual_reuses_the_q_the_tensor_already_has(tmp_path):
     before, after = run_ort(path, FEEDS), fixed_outputs(model, tmp_path)
     # The residual now reads x rounded to the 0.03 grid: at most half a step of difference
     # before the output Q, so at most one output step after it.
+    assert np.max(np.abs(before[0] - after[0])) <= 0.05 + 1e-6
+
+
+def test_float_residual_behind_a_float_cast_reuses_the_q(tmp_path):
+    """Issue 39: ModelOpt's PyTorch export reads a quantized tensor's other consumers through a
+    float → float Cast; the residual Add read Cast(x) and QDQ802 asked for calibration data,
+    though x_q quantizes the very values. A DQ of x_q gives the Add the Cast's type and values."""
+    model, path = load(basic_block(cast_residual=True), tmp_path)
+    [finding] = findings_of(model, "QDQ802", "trt")
+    assert finding.fix is not None and "x_q" in finding.message
+    apply_fix(model, "QDQ802", "trt")
+    add = next(n for n in model.graph.nodes if n.name == "add")
+    assert add.inputs[1].inputs[0].inputs[0].inputs[0].name == "x_q"
+    assert not findings_of(model, "QDQ802", "trt")
+    before, after = run_ort(path, FEEDS), fixed_outputs(model, tmp_path)
     assert np.max(np.abs(before[0] - after[0])) <= 0.05 + 1e-6
 
 

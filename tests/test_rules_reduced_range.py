@@ -181,14 +181,14 @@ def test_lint_marks_a_zero_point_move_fixable_once_the_clip_folds():
 # --- Brevitas's clipped weights: stored int8 → Clip → DQ ------------------------------------------
 
 
-def clipped_weight() -> GraphBuilder:
-    """Brevitas `export_onnx_qcdq`: int8 weights → Clip(-127, 127) → DQ(0.0037) → Conv."""
+def clipped_weight(scale=0.0037) -> GraphBuilder:
+    """Brevitas `export_onnx_qcdq`: int8 weights → Clip(-127, 127) → DQ(scale, per channel when 3 values) → Conv."""
     b = GraphBuilder(opset=17)
     x = b.qdq(b.input("x", [1, 2, 4, 4]), 2**-5)
     b.init("w_int", np.random.default_rng(0).integers(-127, 128, size=(3, 2, 1, 1)).astype(np.int8))
     bounds = [b.init("w_lo", np.int8(-127)), b.init("w_hi", np.int8(127))]
-    w = b.node("DequantizeLinear", [b.node("Clip", ["w_int", *bounds], name="w_clip"), *b.qparams("w", 0.0037)],
-               name="w_dq")
+    w = b.node("DequantizeLinear", [b.node("Clip", ["w_int", *bounds], name="w_clip"), *b.qparams("w", scale)],
+               name="w_dq", axis=0)
     b.output(b.node("Conv", [x, w], ["y"], name="conv"), [1, 3, 4, 4])
     return b
 
@@ -224,3 +224,44 @@ def test_a_scale_behind_a_clip_of_stored_integers_is_not_moved_alone(tmp_path):
     run = qdq("fix", path, "--target", "npu", "--ignore", "QDQ509", "-o", out, "--no-verify", "--format", "json")
     assert run.code == 1 and run.json()["changes"] == []
     assert [f["code"] for f in run.json()["remaining"] if f["severity"] != "info"] == ["QDQ504"]
+
+
+def test_clipped_stored_integers_are_a_weight(tmp_path):
+    """Issue 39: for onnxruntime (no QDQ509 in its rule set) Brevitas's per-channel weights behind
+    their Clip were read as activations: "activation ... is quantized per axis" (QDQ502) and int8
+    "activations" to make uint8 (QDQ505), neither of which a weight is. Integers a Clip computes
+    from a constant are a parameter: the ort rule set finds nothing about them."""
+    model = load_model(clipped_weight(np.array([0.0037, 0.002, 0.0051])).save(tmp_path / "in.onnx"))
+    found = lint(model, load_target("ort")).findings
+    assert {f.code for f in found} == {"QDQ505", "QDQ804"}  # x is int8; y is a float output
+    assert not [f for f in found if "w_clip" in f.message or f.code == "QDQ502"]
+    assert [f.code for f in findings_of(model, "QDQ502", "npu")] == ["QDQ502"]  # the NPU wants one scale
+
+
+def quantized_clipped_weight() -> GraphBuilder:
+    """Brevitas's dynamo export: float weight → Q(per channel) → Clip(-32, 31) → DQ → Conv (6 bits in int8)."""
+    b = GraphBuilder(opset=18)
+    x = b.qdq(b.input("x", [1, 2, 4, 4]), 2**-5)
+    b.init("w", np.random.default_rng(1).standard_normal((3, 2, 1, 1)).astype(np.float32))
+    params = b.qparams("w", np.array([0.05, 0.03, 0.08], np.float32), np.zeros(3, np.int8))
+    bounds = [b.init("w_lo", np.int8(-32)), b.init("w_hi", np.int8(31))]
+    integers = b.node("Clip", [b.node("QuantizeLinear", ["w", *params], name="w_q", axis=0), *bounds], name="w_clip")
+    w = b.node("DequantizeLinear", [integers, *params], name="w_dq", axis=0)
+    b.output(b.node("Conv", [x, w], ["y"], name="conv"), [1, 3, 4, 4])
+    return b
+
+
+def test_a_quantized_weight_behind_a_clip_is_a_weight_and_is_stored(tmp_path):
+    """Issue 39: both sides of Q → Clip → DQ were read as activations, so for onnxruntime QDQ502 made
+    the per-channel weight per-tensor and QDQ505 asked for uint8; for TensorRT QDQ509 could fold
+    the Clip only after QDQ502 had. Now it is a weight everywhere, and QDQ509 stores the integers
+    the Q and the Clip compute for the DQ (exact, per channel)."""
+    path, out = quantized_clipped_weight().save(tmp_path / "in.onnx"), tmp_path / "out.onnx"
+    found = lint(load_model(path), load_target("ort")).findings
+    assert not [f for f in found if f.code in ("QDQ502", "QDQ505") and "w_" in f.message]
+    run = qdq("fix", path, "--target", "trt", "--select", "QDQ509", "-o", out, "--no-verify", "--format", "json")
+    assert run.code == 0 and [c["code"] for c in run.json()["changes"]] == ["QDQ509"], run.err
+    graph = onnx.load(out).graph
+    assert {n.op_type for n in graph.node} >= {"DequantizeLinear"} and "Clip" not in {n.op_type for n in graph.node}
+    feeds = {"x": np.random.default_rng(2).standard_normal((1, 2, 4, 4)).astype(np.float32)}
+    assert np.array_equal(run_ort(path, feeds)[0], run_ort(out, feeds)[0])

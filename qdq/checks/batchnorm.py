@@ -20,7 +20,8 @@ from onnx import helper
 from qdq import ir
 from qdq.names import stem
 from qdq.operands import BIAS_INPUT, WEIGHT_INPUT, input_value
-from qdq.quant_index import PER_TENSOR, ConstantSource, QParams, QTensor, resolve_constant, source_values
+from qdq.checks.reduced_range import clip_bounds
+from qdq.quant_index import PER_TENSOR, ConstantSource, QParams, QTensor, clipped_integers, resolve_constant, source_values
 from qdq.rounding import RoundingCost, along, quantize
 from qdq.rule import Change, CheckContext, Finding, FixContext, FixSafety, Rule, Severity, mention, register
 
@@ -254,9 +255,10 @@ def _weight_shape(weight: QTensor) -> tuple[int, ...] | None:
 
 
 def _weight_source(weight: QTensor) -> ConstantSource | None:
-    """The constant holding the weight: its stored integers, or the float values a Q quantizes."""
-    if weight.stored:
-        return resolve_constant(weight.integer)
+    """The constant holding the weight: its stored integers (also behind integer Clips, as Brevitas
+    stores them), or the float values a Q quantizes."""
+    if weight.quantize is None:
+        return resolve_constant(clipped_integers(weight.integer)[1])
     if weight.quantize is not None and weight.quantize.inputs:
         return resolve_constant(weight.quantize.inputs[0])
     return None
@@ -319,6 +321,8 @@ def _unfixable(ctx: CheckContext, chain: _Chain) -> str | None:
         return "a channel's factor is zero or not finite"
     if params.dynamic or params.block_size or params.qtype is None or params.qtype.is_float:
         return "the weight's quantization cannot be rescaled (dynamic, blocked or float8)"
+    if any(None in clip_bounds(ctx, clip) for clip in clipped_integers(chain.weight.integer)[0]):
+        return "the weight's Clip bounds are computed at run time"
     readers = {id(c) for dq in chain.weight.dequantizes for c, _ in ctx.index.consumers_through(dq.outputs[0])}
     if readers != {id(chain.node)}:
         return "the weight is shared with other ops"
@@ -333,11 +337,14 @@ def _fold_weight(ctx: FixContext, chain: _Chain) -> tuple[np.ndarray, dict]:
     params, weight = chain.weight_params, chain.weight
     source = _weight_source(weight)
     values = source_values(ctx.model, source)
+    stored = weight.quantize is None
+    for clip in clipped_integers(weight.integer)[0] if stored else []:  # the new integers replace the Clips
+        values = np.clip(values, *clip_bounds(ctx, clip)).astype(values.dtype)
     shape = values.shape
     axis = None if params.scale.size == 1 else params.axis % len(shape)
     scale, zero_point = along(params.scale, len(shape), axis), along(params.zero_point, len(shape), axis)
     qmin, qmax = params.qtype.qmin, params.qtype.qmax
-    old_ints = values.astype(np.float64) if weight.stored else quantize(values, scale, zero_point, qmin, qmax)[0]
+    old_ints = values.astype(np.float64) if stored else quantize(values, scale, zero_point, qmin, qmax)[0]
     factor = np.broadcast_to(_over_weight(chain.layout, chain.k, shape), shape)
     ideal = factor * (old_ints - zero_point) * scale
     by_slice = _slices(factor, axis)
@@ -347,7 +354,7 @@ def _fold_weight(ctx: FixContext, chain: _Chain) -> tuple[np.ndarray, dict]:
         new_scale, mode = _covering_scale(ideal, axis, params).reshape(params.scale.shape), "re-quantized"
     scale_b = along(new_scale, len(shape), axis)
     name = ctx.value_name(weight)
-    if weight.stored:
+    if stored:
         new_ints, unclipped = quantize(ideal, scale_b, zero_point, qmin, qmax)
         new_name = ctx.new_name(f"{name}_folded", replacing=weight.integer.name)
         ints = ctx.model.new_constant(new_name, new_ints.astype(values.dtype))

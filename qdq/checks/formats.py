@@ -176,6 +176,9 @@ class PerAxisScale(Rule):
     Example: a Conv weight with 16 per-channel scales on the NPU. The fix takes the largest
     scale for the whole tensor, so no weight saturates, and re-quantizes the stored integers;
     approximate, and the change report gives the weights' SQNR and how many round to zero.
+    Stored integers that use under half their type (Brevitas's 4- and 6-bit weights in int8)
+    take the finest scale that holds every value instead: the largest would keep them on a
+    4-bit grid inside an 8-bit type.
     """
 
     code = "QDQ502"
@@ -212,9 +215,22 @@ def _per_axis_fixable(params: QParams) -> bool:
 
 
 def _one_scale(ctx: FixContext, qt: QTensor, code: str, reason: str) -> list[Change]:
-    """Make a per-axis value per-tensor with its largest scale, so no value saturates; stored integers follow."""
+    """Make a per-axis value per-tensor with its largest scale, so no value saturates; stored integers
+    follow. Stored integers narrower than their type (Brevitas's 4- and 6-bit weights in int8), which
+    the largest scale would leave a bit or more of the type unused, take the finest scale that holds
+    every value instead."""
     params = ctx.index.params(qt.nodes[0])
-    return set_params(ctx, qt, params.scale.max(), code, reason, zero_point=params.zero_point.ravel()[0])
+    scale, zero_point = float(params.scale.max()), float(params.zero_point.ravel()[0])
+    values = effective_values(ctx, qt) if qt.stored else None
+    if values is not None and values.size:
+        holds = 0.0  # the finest scale whose grid reaches both extremes from the zero-point
+        for extreme, room in ((float(values.max()), params.qtype.qmax - zero_point),
+                              (float(values.min()), params.qtype.qmin - zero_point)):
+            if extreme != 0:
+                holds = max(holds, extreme / room) if extreme * room > 0 else math.inf
+        if 0 < holds <= scale / 2:
+            scale, reason = holds, reason.replace("the largest", "the finest that holds every value (they use under half the type)")
+    return set_params(ctx, qt, scale, code, reason, zero_point=zero_point)
 
 
 @register

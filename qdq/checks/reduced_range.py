@@ -13,12 +13,14 @@ from __future__ import annotations
 from typing import Iterable, Iterator
 
 import numpy as np
+from onnx import helper
 
 from qdq import ir
 from qdq.dtypes import QuantType
 from qdq.ops import DEQUANTIZE, QUANTIZE
-from qdq.quant_index import PER_TENSOR, QTensor, resolve_constant, source_values
+from qdq.quant_index import PER_TENSOR, QTensor, clipped_integers, resolve_constant, source_values
 from qdq.requantize import set_params
+from qdq.rounding import along
 from qdq.rule import Change, CheckContext, Finding, FixContext, FixSafety, Rule, Severity, mention, register
 
 
@@ -54,6 +56,9 @@ class ReducedRangeQuantizer(Rule):
     Approximate. A Clip of stored integers (Brevitas: `int8 weight → Clip(-127, 127) → DQ`)
     is folded: the DQ reads the clipped integers as a constant, exactly, and a fix that changes
     its scale then re-quantizes them (left behind the Clip, the weights would scale with it).
+    So is a Clip after a Q of a float constant (Brevitas's dynamo export: `weight → Q → Clip →
+    DQ`, per channel too) that the grid fold cannot take: the DQ reads the integers the Q and
+    the Clip compute, stored, exactly.
     """
 
     code = "QDQ509"
@@ -67,6 +72,8 @@ class ReducedRangeQuantizer(Rule):
             for clips, readers, fixable in _folds(ctx, qt):
                 qtype = ctx.index.params(qt.quantize).qtype
                 low, high = _integer_range(ctx, clips, qtype)
+                if not fixable and _stores(ctx, qt, clips, readers):  # Brevitas's dynamo export: weight → Q → Clip → DQ
+                    readers, fixable = [None] + readers, True
                 yield self.finding(
                     ctx, clips[0], [ctx.value_name(qt)], subject=(qt, clips, readers), fixable=fixable,
                     clip=", ".join(mention(c) for c in clips), quantize=f"QuantizeLinear {mention(qt.quantize)}",
@@ -87,6 +94,8 @@ class ReducedRangeQuantizer(Rule):
         qt, clips, readers = finding.subject
         if readers is None:
             return _fold_clipped_constant(ctx, qt, clips, finding, self.code)
+        if readers[0] is None:
+            return _store_clipped_weight(ctx, qt, clips, readers[1:], finding, self.code)
         params = ctx.index.params(qt.quantize)
         qtype = params.qtype
         low, high = _integer_range(ctx, clips, qtype)
@@ -117,11 +126,9 @@ class ReducedRangeQuantizer(Rule):
 
 def _clipped_constant(qt: QTensor) -> tuple[list[ir.Node], ir.Tensor | None]:
     """The integer Clips (first to last) between stored integers and the DQs of `qt`, and the constant."""
-    clips: list[ir.Node] = []
-    tensor = qt.integer
-    while qt.quantize is None and len(tensor.inputs) == 1 and tensor.inputs[0].op == "Clip" and tensor.inputs[0].inputs:
-        clips.insert(0, tensor.inputs[0])
-        tensor = tensor.inputs[0].inputs[0]
+    if qt.quantize is not None:
+        return [], None
+    clips, tensor = clipped_integers(qt.integer)
     source = resolve_constant(tensor) if clips else None
     return (clips, tensor) if source is not None else ([], None)
 
@@ -138,6 +145,42 @@ def _fold_clipped_constant(ctx: FixContext, qt: QTensor, clips: list[ir.Node], f
     clip = finding.values["clip"]
     return [Change(code, mention(clips[-1]), ctx.value_name(qt), f"{stored.name} → Clip {clip}", folded.name,
                    f"Clip {clip} of stored integers folded into a constant, so a new scale re-quantizes them")]
+
+
+def _stores(ctx: CheckContext, qt: QTensor, clips: list[ir.Node], readers: list[QTensor | None]) -> bool:
+    """Whether the integers a Q of a float constant makes, clipped, can be stored for the DQs after
+    the Clips (exact, any granularity): the Clips are read by those DQs alone, with the Q's
+    parameters and constant bounds."""
+    params = ctx.index.params(qt.quantize)
+    low, high = _integer_range(ctx, clips, params.qtype)
+    return (
+        qt.from_constant and not qt.dequantizes and not params.dynamic and not params.block_size
+        and params.qtype.bits >= 8
+        and low is not None and high is not None and bool(readers)
+        and all(r is not None and params.same_values(ctx.index.params(r.nodes[0])) for r in readers)
+        and not any(ctx.index.is_graph_output(c.outputs[0]) for c in clips)
+    )
+
+
+def _store_clipped_weight(ctx: FixContext, qt: QTensor, clips: list[ir.Node], readers: list[QTensor],
+                          finding: Finding, code: str) -> list[Change]:
+    """Point the DQs after the Clips at the integers the Q and the Clips compute, stored: exact."""
+    params = ctx.index.params(qt.quantize)
+    weights = source_values(ctx.model, resolve_constant(qt.quantize.inputs[0]))
+    low, high = _integer_range(ctx, clips, params.qtype)
+    axis = None if params.granularity == PER_TENSOR else params.axis
+    scale, zero_point = (along(v, weights.ndim, axis) for v in (params.scale, params.zero_point))
+    # Divided in the weight's own type, as QuantizeLinear does.
+    integers = np.clip(np.rint(weights / scale.astype(weights.dtype)) + zero_point, low, high)
+    stored = ctx.model.new_constant(ctx.new_name(f"{ctx.value_name(qt)}_stored"),
+                                    integers.astype(helper.tensor_dtype_to_np_dtype(params.qtype.onnx_type)))
+    for value in readers:
+        for dq in value.dequantizes:
+            ctx.edits.set_input(dq, 0, stored)
+    clip = finding.values["clip"]
+    return [Change(code, mention(clips[0]), ctx.value_name(qt), f"Q → Clip {clip}", stored.name,
+                   f"the integers QuantizeLinear {mention(qt.quantize)} and Clip {clip} compute from a constant "
+                   "stored for the DQs, so a new scale re-quantizes them")]
 
 
 def _folds(ctx: CheckContext, qt: QTensor) -> Iterator[tuple[list[ir.Node], list[QTensor | None], bool]]:
