@@ -518,6 +518,7 @@ def _copy_range(source: Path, offset: int, length: int, handle) -> None:
         reader.seek(offset)
         left = length
         while left:
+            progress.tick()
             block = reader.read(min(left, _COPY_BLOCK_BYTES))
             if not block:
                 raise OSError(f"{source} ends before the {length} bytes a tensor references")

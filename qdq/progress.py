@@ -45,16 +45,24 @@ class _Display:
 
 
 _display: _Display | None = None
+_last = ""  # the text of the latest step
 # (text, start time) of every step while `timed()` is active.
 _timeline: list[tuple[str, float]] | None = None
 
 
 def step(text: str) -> None:
     """Say what the run is doing now (a no-op unless `shown()` or `timed()` is active)."""
+    global _last
+    _last = text
     if _display is not None:
         _display.show(text)
     if _timeline is not None:
         _timeline.append((text, time.perf_counter()))
+
+
+def tick() -> None:
+    """Still doing what the last step said: the elapsed time moves (inside long numeric work)."""
+    step(_last)
 
 
 def each(items: Iterable[T], text: str, every: int = 1000) -> Iterator[T]:

@@ -25,7 +25,7 @@ from typing import Callable, Iterator, Sequence
 import numpy as np
 from onnx import helper
 
-from qdq import ir, pow2
+from qdq import ir, pow2, progress
 from qdq.dtypes import QuantType, quant_type
 from qdq.ops import QUANTIZE
 from qdq.quant_index import QParams, QTensor, clipped_integers, resolve_constant, source_values
@@ -318,6 +318,7 @@ def quantize_blocks(
     q = np.empty(shape, dtype=dtype) if dtype is not None else None
     cost = RoundingCost()
     for rows in _row_blocks(shape):
+        progress.tick()  # a multi-GB weight takes minutes
         block = real(rows)
         s, z = along(scale, len(shape), axis, rows), along(zp, len(shape), axis, rows)
         clipped, unclipped = quantize(block, s, z, qtype.qmin, qtype.qmax)
