@@ -161,7 +161,12 @@ def _weight_axis_problems(g: Graph, dq: onnx.NodeProto) -> list[str]:
 
 
 def _residual_problems(g: Graph, add: onnx.NodeProto) -> list[str]:
-    """A conv-fed Add: its conv side straight from the Conv, its other side from a DQ."""
+    """A conv-fed Add: its conv side straight from the Conv, its other side from a DQ.
+
+    An Add of a constant (hard-swish's x + 3) has no residual: the catalogue's residual detection
+    takes only Adds without constant or graph inputs."""
+    if any(t in g.constants for t in add.input):
+        return []
     sides = []
     for tensor in add.input:
         node, through_qdq = g.producer.get(tensor), False
