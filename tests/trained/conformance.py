@@ -13,7 +13,7 @@ write the same candidate: inputs only judge it. The run's figures and every brok
   loads in onnxruntime, with its optimisations off and on;
 - `qdq verify` on the pair gives fix's verdict; a refused candidate has an output further from
   the twin than allowed, a passed one none;
-- a second fix changes nothing;
+- a second fix changes nothing, and no command changes the input file;
 - a file lint calls clean passes the target's independent checker.
 """
 
@@ -24,7 +24,7 @@ from pathlib import Path
 import onnx
 
 from cli_run import Run, qdq
-from test_conformance import CHECKERS, assert_well_behaved, checker_passes, onnxruntime_loads
+from test_conformance import CHECKERS, assert_well_behaved, checker_passes, digest, onnxruntime_loads
 
 
 def run(model: Path, target: str, scratch: Path, eval_inputs: Path | None = None) -> dict:
@@ -38,7 +38,7 @@ def run(model: Path, target: str, scratch: Path, eval_inputs: Path | None = None
             violations.append(str(error).splitlines()[0])
         return result
 
-    accepted = onnxruntime_loads(model)
+    accepted, before = onnxruntime_loads(model), digest(model)
     cell: dict = {"target": target, "onnxruntime_loads": accepted}
     cell["lint_exit"] = behaved(qdq("lint", model, "--target", target, "--format", "json"), "lint").code
     out = scratch / "fixed.onnx"
@@ -84,6 +84,8 @@ def run(model: Path, target: str, scratch: Path, eval_inputs: Path | None = None
         cell["independent_violations"] = found[:10]
         if found:
             violations.append(f"lint-clean, but the independent {target} checker finds {len(found)}: {found[0]}")
+    if digest(model) != before:
+        violations.append("the input file changed")
     return cell | {"violations": violations}
 
 
