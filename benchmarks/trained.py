@@ -12,7 +12,8 @@ model, the quantized input and the candidate fix wrote, the last two in the targ
 onnxruntime's default optimisations for ort (its fused integer kernels), none for npu and trt
 (onnxruntime's fused u8 × s8 kernels saturate on CPUs without VNNI, which TensorRT does not). No
 `--calibrate`: with it, the npu target's greedy position search costs up to 200 fixes and
-200 × 16 runs, over 15 minutes on the detector. It prints one JSON row per file and target as it goes, and writes them all with `--json`.
+200 × 16 runs, over 15 minutes on the detector. It prints one JSON row per file and target as it
+goes, and writes them all with `--json`.
 
     python benchmarks/trained.py [--json results.json] [--only SUBSTRING] [--targets npu,trt,ort]
     python benchmarks/trained.py --table results.json
@@ -88,10 +89,11 @@ def measured(model: Path, task: str, optimized: bool) -> dict:
         return {"error": str(error).splitlines()[0][:160]}
 
 
-def judged(v: dict | None) -> str:
+def judged(r: dict, key: str) -> str:
     """A verdict cell: PASS/FAIL/no evidence with input→twin → candidate→twin."""
+    v = r.get(key)
     if not v:
-        return "—"
+        return "no change" if r.get("changes") == 0 else "—"
     word = "PASS" if v["passed"] else ("no evidence" if not v["evidence"] else "FAIL")
     if "input_to_twin" not in v:
         return f"{word} (no twin)"
@@ -132,7 +134,7 @@ def table(results: list[dict]) -> str:
             notes.append("input refused by onnxruntime")
         lines.append(f"| {r['file']} | {r['target']} | {shown(figure(r, 'float'))} | {shown(figure(r, 'input'))} | "
                      f"{shown(figure(r, 'fixed'))} | {r['lint_exit']} | {r['fix_exit']} | {r.get('lint_after', '—')} | "
-                     f"{judged(r.get('verdict_random'))} | {judged(r.get('verdict_eval'))} | {'; '.join(notes)} |")
+                     f"{judged(r, 'verdict_random')} | {judged(r, 'verdict_eval')} | {'; '.join(notes)} |")
     return "\n".join(lines)
 
 
@@ -148,8 +150,32 @@ def agreement(results: list[dict]) -> str:
         notes = [f"{label}: {d}" for label, d in (("random", disagreement(r, "verdict_random")),
                                                    ("eval", disagreement(r, "verdict_eval"))) if d]
         lines.append(f"| {r['file']} | {r['target']} | {shown(figure(r, 'input'))} → {shown(figure(r, 'fixed'))} | "
-                     f"{judged(r.get('verdict_random'))} | {judged(r.get('verdict_eval'))} | "
+                     f"{judged(r, 'verdict_random')} | {judged(r, 'verdict_eval')} | "
                      f"{'yes' if all(x is not False for x in same) else 'NO'} | {'; '.join(notes)} |")
+    return "\n".join(lines)
+
+
+def summary(results: list[dict]) -> str:
+    """The counts the tables' reader wants first: runs, broken invariants, verdict against task."""
+    written = [r for r in results if r.get("written")]
+    judged_runs = [(r, key) for r in written for key in ("verdict_random", "verdict_eval") if r.get(key)]
+    disagreements = [(r, key) for r, key in judged_runs if disagreement(r, key)]
+    per_target = ", ".join(f"{t} {sum(r['target'] == t for r in results)}" for t in TARGETS)
+    lines = [f"- {len(results)} runs ({per_target}) on {len({r['file'] for r in results})} files; "
+             f"{sum(bool(r['violations']) for r in results)} break an invariant; exit 2 on "
+             f"{sum(r['fix_exit'] == 2 for r in results)} (files onnxruntime refuses: "
+             f"{sum(r['fix_exit'] == 2 and not r['onnxruntime_loads'] for r in results)}).",
+             f"- {len(written)} candidates written (--keep-failed); `qdq verify` gave fix's verdict in "
+             f"{sum(r.get(k) is True for r in written for k in ('verify_random', 'verify_eval'))} of "
+             f"{sum(r.get(k) is not None for r in written for k in ('verify_random', 'verify_eval'))} pairs."]
+    for key, label in (("verdict_random", "random inputs"), ("verdict_eval", "the evaluation set")):
+        runs = [r for r, k in judged_runs if k == key]
+        passes = sum(r[key]["passed"] for r in runs)
+        evidence = sum(not r[key]["evidence"] for r in runs)
+        against = sum(k == key for _, k in disagreements)
+        lines.append(f"- On {label}: {len(runs)} verdicts, {passes} pass, {evidence} without evidence, "
+                     f"{against} disagree with the task (a pass losing over {100 * KEEP:.0f} points or a "
+                     f"refusal keeping the task).")
     return "\n".join(lines)
 
 
@@ -162,7 +188,7 @@ def main() -> None:
     args = parser.parse_args()
     if args.table:
         results = json.loads(args.table.read_text())
-        print(table(results) + "\n\n" + agreement(results))
+        print(summary(results) + "\n\n" + table(results) + "\n\n" + agreement(results))
         return
     results = []
     for row in rows(args.only, args.targets.split(",")):
