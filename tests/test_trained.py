@@ -94,3 +94,18 @@ def test_float_model_reaches_its_measured_metric(file: str) -> None:
 def test_conformance_invariants_hold(relative: str, target: str, tmp_path: Path) -> None:
     cell = conformance.run(present(relative), target, tmp_path)
     assert cell["violations"] == [], cell
+
+
+def test_a_verdict_that_contradicts_its_distances_is_a_broken_invariant() -> None:
+    """The conformance run's check that a refused candidate is beyond the allowed twin distance (and a
+    passed one within it) must be able to fail."""
+    def verification(passed: bool, candidate: float) -> dict:
+        output = {"name": "y", "evidence": True, "input_to_twin": 0.1, "candidate_to_twin": candidate,
+                  "allowed": 0.17, "relative_l2": 0.05}
+        return {"passed": passed, "twin": "float twin", "inputs": "random", "outputs": [output]}
+
+    for passed, candidate, broken in ((False, 0.2, False), (True, 0.1, False), (False, 0.1, True), (True, 0.2, True)):
+        violations: list[str] = []
+        figures = conformance.judged(verification(passed, candidate), violations, "fix")
+        assert bool(violations) == broken, (passed, candidate, violations)
+        assert figures["candidate_to_twin"] == candidate
