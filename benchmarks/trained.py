@@ -110,9 +110,10 @@ def shown(value: float | None) -> str:
 
 
 def disagreement(r: dict, key: str) -> str:
-    """How a verdict contradicts the task: a pass that loses more than KEEP, a refusal that keeps it."""
+    """How a verdict contradicts the task: a pass that loses more than KEEP, a refusal that keeps it.
+    An input that already scores 0 has no task left to keep (the uint8 recognizers)."""
     verdict, before, after = r.get(key), figure(r, "input"), figure(r, "fixed")
-    if not verdict or before is None or after is None:
+    if not verdict or not before or after is None:
         return ""
     if verdict["passed"] and after < before - KEEP:
         return f"passes, loses {100 * (before - after):.1f} points"
