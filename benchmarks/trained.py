@@ -137,8 +137,9 @@ def table(results: list[dict]) -> str:
             notes.append("input refused by onnxruntime")
         against = [f"{label}: {d}" for label, d in (("random", disagreement(r, "verdict_random")),
                                                      ("eval", disagreement(r, "verdict_eval"))) if d]
-        lines.append(f"| {r['file']} | {r['target']} | {shown(figure(r, 'float'))} | {shown(figure(r, 'input'))} | "
-                     f"{shown(figure(r, 'fixed'))} | {r['lint_exit']} | {r['fix_exit']} | {r.get('lint_after', '—')} | "
+        metrics = " | ".join(shown(figure(r, key)) for key in ("float", "input", "fixed"))
+        lines.append(f"| {r['file']} | {r['target']} | {metrics} | "
+                     f"{r['lint_exit']} | {r['fix_exit']} | {r.get('lint_after', '—')} | "
                      f"{judged(r, 'verdict_random')} | {judged(r, 'verdict_eval')} | {'; '.join(against)} | "
                      f"{'; '.join(notes)} |")
     return "\n".join(lines)
