@@ -55,6 +55,35 @@ def test_trt_residual_rule_is_for_int8_convs_only():
     assert found == ["add: residual input of a quantized conv's activation is not dequantized"], found
 
 
+def test_trt_an_add_of_a_constant_is_no_residual():
+    """Hard-swish's x + 3 after a quantized conv's Q/DQ is no residual Add; the same Add of a graph
+    input is one, with its Q/DQ in the wrong place."""
+    for second, residual in (("three", False), ("r", True)):
+        b = GraphBuilder()
+        h = b.qdq(conv(b, b.qdq(b.input("x", [1, 2, 4, 4]), 2**-4), "conv"), 2**-4)
+        b.init("three", np.full((1,), 3, np.float32))
+        b.input("r", [1, 2, 4, 4])
+        b.node("Add", [h, second], ["y"], name="add")
+        b.output("y", [1, 2, 4, 4])
+        found = trt_placement.violations(b.model())
+        assert any(v.startswith("add:") for v in found) == residual, (second, found)
+
+
+def test_trt_a_conv_whose_quantized_output_fans_out_has_no_residual_to_fuse():
+    """Conv → Q → DQ → Add with the DQ also read elsewhere (PP-OCR's FPN): TensorRT cannot fuse the
+    Add into the conv, so the Q/DQ on the conv side is no violation; with the Add its only reader it is."""
+    for shared in (True, False):
+        b = GraphBuilder()
+        h = b.qdq(conv(b, b.qdq(b.input("x", [1, 2, 4, 4]), 2**-4), "conv"), 2**-4)
+        b.node("Add", [h, b.qdq(b.input("r", [1, 2, 4, 4]), 2**-4)], ["y"], name="add")
+        b.output("y", [1, 2, 4, 4])
+        if shared:
+            b.node("Relu", [h], ["z"], name="relu")
+            b.output("z", [1, 2, 4, 4])
+        found = trt_placement.violations(b.model())
+        assert ("add: a Q/DQ sits between every conv input and the Add" in found) != shared, (shared, found)
+
+
 def test_trt_formats_are_tensorrts():
     """int4 is a TensorRT weight type, uint8 is no TensorRT type."""
     for weight_type, clean in ((np.int8, True), (np.uint8, False)):

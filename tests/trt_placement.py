@@ -161,7 +161,12 @@ def _weight_axis_problems(g: Graph, dq: onnx.NodeProto) -> list[str]:
 
 
 def _residual_problems(g: Graph, add: onnx.NodeProto) -> list[str]:
-    """A conv-fed Add: its conv side straight from the Conv, its other side from a DQ."""
+    """A conv-fed Add: its conv side straight from the Conv, its other side from a DQ.
+
+    An Add of a constant (hard-swish's x + 3) has no residual: the catalogue's residual detection
+    takes only Adds without constant or graph inputs."""
+    if any(t in g.constants for t in add.input):
+        return []
     sides = []
     for tensor in add.input:
         node, through_qdq = g.producer.get(tensor), False
@@ -170,7 +175,9 @@ def _residual_problems(g: Graph, add: onnx.NodeProto) -> list[str]:
             node, through_qdq = (g.producer.get(q.input[0]) if q is not None else None), True
         while node is not None and node.op_type == "BatchNormalization":
             node = g.producer.get(node.input[0])
-        single = node is not None and len(g.consumers.get(node.output[0], [])) == 1
+        # TensorRT fuses the Add only into a conv whose output feeds nothing else, through a Q/DQ too.
+        single = node is not None and len(g.consumers.get(node.output[0], [])) == 1 \
+            and len(g.consumers.get(tensor, [])) == 1
         # A float conv runs in float whatever its residual: the rule is for INT8 convs.
         conv = node is not None and node.op_type == "Conv" and single
         quantized = conv and g.made_by(node.input[0], "DequantizeLinear") is not None

@@ -1,7 +1,9 @@
 """Task metrics of the trained corpus: what a model is for, measured on its evaluation set.
 
 `metric(model_path, task)` runs any ONNX file of a task (float, quantized, fixed) in onnxruntime
-with default session options on `data/TASK_eval.npz` and scores it against
+with default session options (or, with `optimized=False`, without graph optimisations: the
+arithmetic TensorRT and the NPU stand for, without onnxruntime's fused integer kernels) on
+`data/TASK_eval.npz` and scores it against
 `data/TASK_eval_truth.json`:
 
 - rec: CTC greedy decoding (arg-max per step, repeats merged, blank 0 dropped) with the
@@ -40,9 +42,12 @@ def truth(task: str) -> list:
     return json.loads((DATA / f"{task}_eval_truth.json").read_text())
 
 
-def run(model_path: str | Path, feeds: dict[str, np.ndarray]) -> np.ndarray:
+def run(model_path: str | Path, feeds: dict[str, np.ndarray], optimized: bool = True) -> np.ndarray:
     """The first output for every sample, computed BATCH samples at a time."""
-    session = onnxruntime.InferenceSession(str(model_path), providers=["CPUExecutionProvider"])
+    options = onnxruntime.SessionOptions()
+    if not optimized:
+        options.graph_optimization_level = onnxruntime.GraphOptimizationLevel.ORT_DISABLE_ALL
+    session = onnxruntime.InferenceSession(str(model_path), options, providers=["CPUExecutionProvider"])
     count = len(next(iter(feeds.values())))
     return np.concatenate([session.run(None, {name: array[i:i + BATCH] for name, array in feeds.items()})[0]
                            for i in range(0, count, BATCH)])
@@ -132,9 +137,9 @@ def top1(outputs: np.ndarray, expected: list) -> dict:
     return {"top1": float(np.mean(outputs.argmax(axis=-1) == np.asarray(expected)))}
 
 
-def metric(model_path: str | Path, task: str) -> dict:
+def metric(model_path: str | Path, task: str, optimized: bool = True) -> dict:
     """The task metric of MODEL_PATH on TASK's evaluation set (see the module docstring)."""
-    outputs = run(model_path, inputs(task))
+    outputs = run(model_path, inputs(task), optimized)
     expected = truth(task)
     if task == "rec":
         return recognition(outputs, expected)

@@ -5,7 +5,9 @@ Writes `MODEL_xint8.onnx` here for each float model of `../float/manifest.json`,
 .quantize_model(float.onnx, out.onnx, reader)` writes (MinMSE power-of-two calibration,
 per-tensor, uint8 activations with zero point 128, int8 weights, `enable_npu_cnn` and the refine
 step that moves positions to the NPU's rules). Calibration: the 16 samples of
-`../data/TASK_calib.npz`, one per batch. Quark writes `quantized_info.csv` into the working
+`../data/TASK_calib.npz`, one per batch. magika alone is calibrated with NonOverflow (power-of-two
+positions that hold each tensor's min/max), because MinMSE took over a minute per sample on it
+here and was not waited for. Quark writes `quantized_info.csv` into the working
 directory, so the script works in a temporary directory.
 
 Quark must not go into the project's environment. Run it from a scratch venv that sees the
@@ -13,11 +15,12 @@ project's CPU torch 2.13 (quark.onnx imports torch; PyPI's torch wheel pulls CUD
 
     python3 -m venv --system-site-packages /tmp/venv-quark
     /tmp/venv-quark/bin/pip install amd-quark==0.13 onnxruntime==1.28.0 onnx==1.22.0 onnx_ir
-    /tmp/venv-quark/bin/python tests/trained/quark/make.py
+    /tmp/venv-quark/bin/python tests/trained/quark/make.py [--only TASK]
 """
 
 from __future__ import annotations
 
+import argparse
 import copy
 import hashlib
 import json
@@ -29,7 +32,7 @@ from pathlib import Path
 
 import numpy as np
 from onnxruntime.quantization import CalibrationDataReader
-from quark.onnx import ModelQuantizer
+from quark.onnx import ModelQuantizer, PowerOfTwoMethod
 from quark.onnx.quantization.config import Config, get_default_config
 
 HERE = Path(__file__).resolve().parent
@@ -38,6 +41,7 @@ sys.path.insert(0, str(TRAINED))
 import tasks  # noqa: E402  (numpy + onnxruntime only)
 
 COMMIT_LIMIT = 3_300_000
+CALIBRATION = {"magika": PowerOfTwoMethod.NonOverflow}  # tasks not calibrated with XINT8's MinMSE
 
 
 class Reader(CalibrationDataReader):
@@ -55,6 +59,7 @@ class Reader(CalibrationDataReader):
 def quantize(model: dict) -> dict:
     path = HERE / f"{model['file'].removesuffix('.onnx')}_xint8.onnx"
     config = copy.deepcopy(get_default_config("XINT8"))
+    config.calibrate_method = CALIBRATION.get(model["task"], config.calibrate_method)
     entry = {"file": path.name, "architecture": model["architecture"], "task": model["task"],
              "tool": "quark.onnx.ModelQuantizer.quantize_model", "version": version("amd-quark"),
              "settings": {"config": "XINT8", "calibrate_method": str(config.calibrate_method),
@@ -74,16 +79,23 @@ def quantize(model: dict) -> dict:
 
 
 def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--only", default="", help="only the models of this task (the manifest keeps the others)")
+    args = parser.parse_args()
     models = json.loads((TRAINED / "float" / "manifest.json").read_text())
-    manifest = []
+    kept = {}
+    if (HERE / "manifest.json").exists():
+        kept = {e["file"]: e for e in json.loads((HERE / "manifest.json").read_text())}
     start = Path.cwd()
     with tempfile.TemporaryDirectory() as workdir:
         os.chdir(workdir)
         try:
             for model in models:  # the manifest is rewritten after each model: a long run keeps what it made
-                manifest.append(quantize(model))
-                print(json.dumps(manifest[-1], default=str), flush=True)
-                write(manifest)
+                if args.only in model["task"]:
+                    entry = quantize(model)
+                    kept[entry["file"]] = entry
+                    print(json.dumps(entry, default=str), flush=True)
+                    write(list(kept.values()))
         finally:
             os.chdir(start)
 
