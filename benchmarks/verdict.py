@@ -28,6 +28,7 @@ from contextlib import redirect_stderr, redirect_stdout
 from pathlib import Path
 
 import numpy as np
+import onnx
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(REPO), str(REPO / "examples"), str(REPO / "tests" / "corpus" / "float")]
@@ -99,7 +100,8 @@ def measure(path: Path, arch: str, target: str, images, labels, folder: Path) ->
         "kept_input": 100 * float(np.mean(before.argmax(1) == floats.argmax(1))),
         "kept_fixed": 100 * float(np.mean(after.argmax(1) == floats.argmax(1))),
     }
-    samples = [{"input": images[i:i + 1]} for i in range(16)]
+    name = onnx.load(str(path), load_external_data=False).graph.input[0].name  # exporters name it as they like
+    samples = [{name: images[i:i + 1]} for i in range(16)]
     for kind, given in (("random", None), ("digits", samples)):
         result = judge(path, fixed, ruleset, criterion, given, "held-out digits" if given else "")
         found = distances(result)

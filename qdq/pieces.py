@@ -48,7 +48,28 @@ class _Slice:
     reads: list[str]  # tensors it takes from the caller or from earlier slices
     gives: list[str]  # tensors it computes that later slices or the caller need
     weights: list[onnx.TensorProto]
+    whole: bool = False  # the model itself, its outputs extended by what the caller asks for
     session: object = None
+
+
+def uncuttable(model: onnx.ModelProto, types: dict[str, int] | None = None) -> str | None:
+    """Why a cut could change the model's values (None when it cannot). onnxruntime's CPU computes
+    float16 ops in float32 behind casts it places itself, so a cut would round to float16 what a
+    whole run keeps in float32; a subgraph reads the graph around it by name, and a sparse
+    initializer is not a node's plain input."""
+    graph = model.graph
+    if any(_has_subgraph(n) for n in graph.node):
+        return "it has subgraphs"
+    if len(graph.sparse_initializer):
+        return "it has sparse initializers"
+    half = {onnx.TensorProto.FLOAT16, onnx.TensorProto.BFLOAT16}
+    declared = [*graph.input, *graph.output, *graph.value_info]
+    if (half & set((types or {}).values()) or any(t.data_type in half for t in graph.initializer)
+            or any(v.type.tensor_type.elem_type in half for v in declared)
+            or any(a.name == "to" and a.i in half for n in graph.node for a in n.attribute)
+            or any(a.t.data_type in half for n in graph.node if n.op_type == "Constant" for a in n.attribute)):
+        return "it computes in float16"
+    return None
 
 
 class Pieces:
@@ -61,6 +82,8 @@ class Pieces:
     def __init__(self, model: onnx.ModelProto, folder: Path, keep: list[str] = (), optimized: bool = False,
                  types: dict[str, int] | None = None, reused: bool = False, max_nodes: int = MAX_NODES,
                  max_bytes: int = MAX_BYTES):
+        """`optimized`: onnxruntime's default optimisations, which fuse across any cut, so the model runs whole
+        (as it also does when `uncuttable`); `reused`: the caller runs it more than once."""
         self.model, self.folder, self.optimized = model, Path(folder), optimized
         self._types = types or {}  # element types of tensors passed between slices, where known beforehand
         self.outputs = [o.name for o in model.graph.output]
@@ -68,10 +91,11 @@ class Pieces:
         self._declared = {v.name: v for v in graph.input if v.HasField("type")}  # the others: typed by their values
         self._weights = {t.name: t for t in graph.initializer}
         nodes = topological(graph)
-        whole = optimized or nodes is None or any(_has_subgraph(n) for n in graph.node)
-        if whole:  # one slice: what onnxruntime fuses, or what a cut cannot follow, stays together
-            nodes, max_nodes, max_bytes = list(graph.node), len(graph.node) + 1, float("inf")
-        self._slices = self._cut(nodes, set(self.outputs) | set(keep), max_nodes, max_bytes)
+        if optimized or nodes is None or uncuttable(model, types):
+            inputs = [v.name for v in graph.input if v.name not in self._weights]
+            self._slices = [_Slice(list(graph.node), inputs, list(dict.fromkeys([*self.outputs, *keep])), [], True)]
+        else:
+            self._slices = self._cut(nodes, set(self.outputs) | set(keep), max_nodes, max_bytes)
         # Sessions are kept between runs when the caller runs the model again (`reused`: the twin, which
         # chooses the random inputs first) or when it is one slice, and the weights are small.
         small = sum(map(_bytes, graph.initializer)) <= _KEEP_SESSIONS_BYTES
@@ -147,7 +171,10 @@ class Pieces:
         from qdq.runtime import InMemory
 
         data = self._slice_model(piece, example).SerializeToString()
-        external = any(t.data_location == onnx.TensorProto.EXTERNAL for t in piece.weights)
+        graph = self.model.graph
+        weights = [*graph.initializer, *(t for sparse in graph.sparse_initializer for t in (sparse.values, sparse.indices))] \
+            if piece.whole else piece.weights
+        external = any(t.data_location == onnx.TensorProto.EXTERNAL for t in weights)
         return InMemory(data, self.folder.resolve()) if external else data
 
     def _units(self, nodes: list[onnx.NodeProto]) -> list[list[onnx.NodeProto]]:
@@ -195,6 +222,12 @@ class Pieces:
     def _slice_model(self, piece: _Slice, example: dict[str, np.ndarray]) -> onnx.ModelProto:
         """The slice as a model: graph inputs keep their declared types; a tensor from an earlier slice
         or the caller is typed by the value in hand (its dimensions left free: samples may differ)."""
+        if piece.whole:
+            made = onnx.ModelProto()
+            made.CopyFrom(self.model)
+            declared = set(self.outputs)
+            made.graph.output.extend(onnx.ValueInfoProto(name=n) for n in piece.gives if n not in declared)
+            return made
         inputs = []
         for name in piece.reads:
             if name in self._declared:

@@ -39,7 +39,7 @@ from qdq import progress
 from qdq.errors import QdqError, RuleSetError
 from qdq.change import changed_region, whole
 from qdq.meant_inputs import meant_inputs, watch
-from qdq.pieces import PieceFailed, Pieces, element_types, joined
+from qdq.pieces import PieceFailed, Pieces, element_types, joined, uncuttable
 from qdq.ruleset import RuleSet
 from qdq.twin import Twin, float_twin
 from qdq.verify import (
@@ -187,8 +187,10 @@ class _Runs:
         self.reference, self.candidate, self.twin, self.optimized = reference, candidate, twin, optimized
         self.output_names = [o.name for o in proto.graph.output]
         check_same_outputs(reference, candidate, self.output_names, [o.name for o in fixed.graph.output])
+        types = element_types(proto)  # the twin's and the region's tensors are the input's, where they have its names
         progress.step("finding what the fix changed")
-        self.region = whole(fixed) if optimized else changed_region(proto, reference.parent, fixed, candidate.parent)
+        cut = not optimized and not uncuttable(proto, types) and not uncuttable(fixed)
+        self.region = changed_region(proto, reference.parent, fixed, candidate.parent) if cut else whole(fixed)
         log.info("the fixed model differs from the input in %d of its %d nodes", self.region.nodes, self.region.of)
         # An exact change is held to the integers too: the quantized tensors of its region the input also computes.
         computed = {o: n for n in proto.graph.node for o in n.output}
@@ -198,7 +200,6 @@ class _Runs:
         self._grids = (Quantizers(proto.graph, reference.parent), Quantizers(fixed.graph, candidate.parent)) \
             if self.quantizers else ()
         self.integers: dict[str, tuple[np.ndarray, np.ndarray]] = {}
-        types = element_types(proto)  # the twin's and the region's tensors are the input's, where they have its names
         self.reference_pieces = Pieces(proto, reference.parent, keep=self.region.boundary + self.integer_names,
                                        optimized=optimized, types=types)
         self.region_pieces = Pieces(self.region.model, candidate.parent, keep=self.integer_names, optimized=optimized,
