@@ -29,9 +29,9 @@ log = logging.getLogger("qdq")
 MAX_CONSTANT_NODES = 64
 
 
-def constant_ancestry(tensor: ir.Tensor) -> list[ir.Node] | None:
+def constant_ancestry(tensor: ir.Tensor, limit: int = MAX_CONSTANT_NODES) -> list[ir.Node] | None:
     """The nodes that compute `tensor` from constants alone, producers first; None if it reads a
-    graph input or takes more than MAX_CONSTANT_NODES nodes."""
+    graph input or takes more than `limit` nodes."""
     producer = _producer(tensor)
     if producer is False:
         return None
@@ -47,7 +47,7 @@ def constant_ancestry(tensor: ir.Tensor) -> list[ir.Node] | None:
             if child is False:
                 return None
             if child is not None and id(child) not in done:
-                if len(done) + len(stack) >= MAX_CONSTANT_NODES:
+                if len(done) + len(stack) >= limit:
                     return None
                 stack.append((child, iter(child.inputs)))
                 break

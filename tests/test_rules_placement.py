@@ -132,6 +132,23 @@ def test_concat_residual_reads_the_q_it_already_has(tmp_path):
     assert np.array_equal(run_ort(path, FEEDS)[0], fixed_outputs(model, tmp_path)[0])
 
 
+def test_a_bias_added_after_the_conv_is_no_residual(tmp_path):
+    """PaddlePaddle writes a conv's bias as Add(Conv, Reshape(Constant, Constant)): computed from
+    constants, not an activation, so QDQ802 has no float residual to quantize there."""
+    b = GraphBuilder()
+    x = b.qdq(b.input("x", [1, 4, 6, 6]), 0.03, name="x")
+    bias = b.node("Reshape", [b.node("Constant", [], name="bias_values", value=onnx.numpy_helper.from_array(
+        np.arange(4, dtype=np.float32), "bias_values")), b.init("bias_shape", np.array([1, 4, 1, 1], np.int64))],
+        name="bias")
+    y = b.node("Add", [conv(b, x, "conv"), bias], name="add")
+    b.node("DequantizeLinear", [b.q(y, 0.05, name="y_q"), *b.qparams("y_dq", 0.05)], outputs=["y"], name="y_dq")
+    b.output("y", [1, 4, 6, 6])
+    model, _ = load(b, tmp_path)
+    assert not findings_of(model, "QDQ802", "trt")
+    model, _ = load(basic_block(), tmp_path, "float_residual.onnx")  # a float activation still is one
+    assert findings_of(model, "QDQ802", "trt")
+
+
 def test_quantized_residual_is_clean(tmp_path):
     model, _ = load(basic_block(residual_qdq=True), tmp_path)
     assert not findings_of(model, "QDQ802", "trt")

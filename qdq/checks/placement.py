@@ -13,11 +13,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Iterable
 
-import numpy as np
-
 from qdq import ir
 from qdq.checks.float_by_design import FLOAT_BY_DESIGN_PARAMETERS, float_by_design, reads_float_by_design
 from qdq.checks.node_units import DEFERRED_PARAMETERS, quantized_without_data
+from qdq.constant_eval import constant_ancestry
 from qdq.errors import RuleSetError
 from qdq.insertion import (
     describe_quantize,
@@ -55,6 +54,12 @@ def is_quantized(index: QuantIndex, tensor: ir.Tensor, transparent: Iterable[str
 
 def _constant(tensor: ir.Tensor | None) -> bool:
     return tensor is not None and resolve_constant(tensor) is not None
+
+
+def _computed_from_constants(tensor: ir.Tensor) -> bool:
+    """A constant, or a few nodes from constants: PaddlePaddle writes a conv's bias as
+    `Add(Conv, Reshape(Constant, Constant))`, an Add no residual rule is about."""
+    return _constant(tensor) or constant_ancestry(tensor, limit=4) is not None
 
 
 def _quantize_activation(ctx: FixContext, consumer: ir.Node, slot: int, code: str, why: str) -> list[Change]:
@@ -186,7 +191,7 @@ class _ResidualRule(Rule):
         """Each residual Add with the slot of its conv branch (the deeper one when both qualify)."""
         depth = _depths(ctx.graph)
         for node in ctx.index.nodes_of(ctx.params["ops"]):
-            if len(node.inputs) != 2 or any(_constant(t) for t in node.inputs):
+            if len(node.inputs) != 2 or any(_computed_from_constants(t) for t in node.inputs):
                 continue
             branches = [_fused_branch(ctx, t) for t in node.inputs]
             slots = [i for i, b in enumerate(branches) if b is not None]
@@ -432,7 +437,7 @@ class UnsharedActivatedResidual(_ResidualRule):
             dequantize = residual.inputs[0] if len(residual.inputs) == 1 else None
             if branch.activation is None or dequantize is None or dequantize.op != DEQUANTIZE:
                 continue  # QDQ802 quantizes a float residual first
-            if branch.quantize is not None and _same_params(branch.quantize, dequantize):
+            if branch.quantize is not None and ctx.index.params(branch.quantize).same_values(ctx.index.params(dequantize)):
                 continue
             state = "float" if branch.quantize is None else f"on {describe_quantize(branch.quantize)}"
             yield self.finding(ctx, node, [node.inputs[slot]], subject=(node, slot, dequantize),
@@ -441,8 +446,8 @@ class UnsharedActivatedResidual(_ResidualRule):
     def fix(self, ctx: FixContext, finding: Finding) -> list[Change]:
         node, slot, residual = finding.subject
         tensor = _before_qdq(node.inputs[slot])[0]
-        zero_point = residual.inputs[2] if len(residual.inputs) > 2 else None
-        dtype = zero_point.values.dtype if isinstance(zero_point, ir.Constant) else np.uint8  # ONNX's default
+        # The index's type, not the zero-point's own: it may come from a Constant node or through a Cast (ModelOpt).
+        dtype = ir.element_dtype(ctx.index.params(residual).elem_type)
         out = ir.Variable(ctx.new_name(f"{tensor.name}_quantized"), dtype=dtype, shape=tensor.shape)
         quantize = ir.Node(QUANTIZE, ctx.new_name(f"{tensor.name}_QuantizeLinear"),
                            inputs=[tensor, *residual.inputs[1:]], outputs=[out])
@@ -456,10 +461,3 @@ def _residual_mode(ctx: CheckContext) -> str:
     if mode not in ("float-branch", "shared"):
         raise RuleSetError(f"residual_after_activation must be \"float-branch\" or \"shared\", got {mode!r}")
     return mode
-
-
-def _same_params(quantize: ir.Node, dequantize: ir.Node) -> bool:
-    """Whether a Q and a DQ use equal constant scales and zero-points."""
-    pairs = zip(quantize.inputs[1:3], dequantize.inputs[1:3])
-    return all(isinstance(a, ir.Constant) and isinstance(b, ir.Constant) and np.array_equal(a.values, b.values)
-               for a, b in pairs) and len(quantize.inputs) == len(dequantize.inputs)
