@@ -430,9 +430,11 @@ def test_a_shared_int32_bias_gets_one_private_copy_per_conv(tmp_path):
 # --- QDQ806 qdq-before-activation, QDQ807 unshared-activated-residual -------------------------------
 
 
-def bottleneck(branch_qdq: bool = True) -> GraphBuilder:
+def bottleneck(branch_qdq: bool = True, constant_nodes: bool = False) -> GraphBuilder:
     """x → Q/DQ → conv → Q/DQ → Sigmoid → Q/DQ → Mul(conv, ·) → [Q/DQ] → Add(·, DQ(x)) → Q/DQ → y,
-    a YOLO bottleneck as onnxruntime's quantizer writes it (every activation quantized)."""
+    a YOLO bottleneck as onnxruntime's quantizer writes it (every activation quantized); with
+    `constant_nodes`, the residual DQ reads its parameters from Constant nodes, as ModelOpt's PyTorch
+    export writes them."""
     b = GraphBuilder()
     x = b.input("x", [1, 4, 6, 6])
     xq = b.q(x, 0.03, name="x_q")
@@ -441,7 +443,13 @@ def bottleneck(branch_qdq: bool = True) -> GraphBuilder:
     h = b.node("Mul", [c, s], name="silu")
     if branch_qdq:
         h = b.qdq(h, 0.06, name="branch")
-    y = b.node("Add", [h, b.dq(xq, 0.03, name="x_dq_residual")], name="add")
+    if constant_nodes:
+        params = [b.node("Constant", [], name=f"residual_{key}", value=onnx.numpy_helper.from_array(value))
+                  for key, value in (("scale", np.array(0.03, np.float32)), ("zero_point", np.array(0, np.int8)))]
+        residual = b.node("DequantizeLinear", [xq, *params], name="x_dq_residual")
+    else:
+        residual = b.dq(xq, 0.03, name="x_dq_residual")
+    y = b.node("Add", [h, residual], name="add")
     b.node("DequantizeLinear", [b.q(y, 0.1, name="y_q"), *b.qparams("y_dq", 0.1)], outputs=["y"], name="y_dq")
     b.output("y", [1, 4, 6, 6])
     return b
@@ -510,6 +518,18 @@ def test_shared_mode_puts_both_add_inputs_on_the_residual_scale(tmp_path, branch
     assert [t.inputs[0].op for t in add.inputs] == ["DequantizeLinear"] * 2 and scales == pytest.approx([0.03, 0.03])
     assert add.inputs[0].inputs[0].inputs[0].inputs[0].inputs[0].inputs[0].name == "silu"
     assert not lint(model, rules.narrowed(select=["QDQ807"])).findings
+    before, after = run_ort(path, FEEDS), fixed_outputs(model, tmp_path)
+    assert np.max(np.abs(before[0] - after[0])) <= 0.1 + 1e-6  # one output step
+
+
+def test_shared_mode_reads_a_residual_scale_held_by_constant_nodes(tmp_path):
+    """The new Q's output takes the int8 of a zero-point held by a Constant node (a uint8 default made the
+    ONNX checker refuse its DQ), and once on that scale the branch is found shared: no new Q each round."""
+    model, path = load(bottleneck(branch_qdq=False, constant_nodes=True), tmp_path)
+    result = fix(model, shared_trt(tmp_path))
+    assert result.converged and [c.code for c in result.changes].count("QDQ807") == 1
+    add = next(n for n in model.graph.nodes if n.name == "add")
+    assert add.inputs[0].inputs[0].inputs[0].dtype == np.int8  # the new Q's output, as the DQ reads it
     before, after = run_ort(path, FEEDS), fixed_outputs(model, tmp_path)
     assert np.max(np.abs(before[0] - after[0])) <= 0.1 + 1e-6  # one output step
 

@@ -437,7 +437,10 @@ class UnsharedActivatedResidual(_ResidualRule):
             dequantize = residual.inputs[0] if len(residual.inputs) == 1 else None
             if branch.activation is None or dequantize is None or dequantize.op != DEQUANTIZE:
                 continue  # QDQ802 quantizes a float residual first
-            if branch.quantize is not None and ctx.index.params(branch.quantize).same_values(ctx.index.params(dequantize)):
+            # Compared as the index resolves them (Constant nodes too, as ModelOpt writes them): comparing
+            # only initializers found a Q of this very fix unshared again, and the fix added another each round.
+            params = ctx.index.params
+            if branch.quantize is not None and params(branch.quantize).same_values(params(dequantize)):
                 continue
             state = "float" if branch.quantize is None else f"on {describe_quantize(branch.quantize)}"
             yield self.finding(ctx, node, [node.inputs[slot]], subject=(node, slot, dequantize),
