@@ -39,6 +39,14 @@ class Graph:
             if node.op_type == "Constant":
                 self.constants[node.output[0]] = numpy_helper.to_array(node.attribute[0].t)
         self.producer = {o: n for n in model.graph.node for o in n.output}
+        # What TensorRT folds into a constant when it builds: a constant, or a non-Q/DQ op of constants only
+        # (PaddlePaddle's conv bias Reshape(Constant, Constant)); Q/DQ of constants stay, as weights.
+        self.folded = set(self.constants)
+        for node in model.graph.node:
+            inputs = [name for name in node.input if name]
+            if inputs and node.op_type not in ("QuantizeLinear", "DequantizeLinear") \
+                    and all(name in self.folded for name in inputs):
+                self.folded.update(node.output)
         self.consumers: dict[str, list[onnx.NodeProto]] = {}
         for node in model.graph.node:
             for name in node.input:
@@ -165,7 +173,7 @@ def _residual_problems(g: Graph, add: onnx.NodeProto) -> list[str]:
 
     An Add of a constant (hard-swish's x + 3) has no residual: the catalogue's residual detection
     takes only Adds without constant or graph inputs."""
-    if any(t in g.constants for t in add.input):
+    if any(t in g.folded for t in add.input):
         return []
     sides = []
     for tensor in add.input:
@@ -276,7 +284,7 @@ def residual_modes(model: onnx.ModelProto) -> dict[str, str]:
     g = Graph(model)
     modes = {}
     for add in g.graph.node:
-        if add.op_type != "Add" or len(add.input) != 2 or any(t in g.constants for t in add.input):
+        if add.op_type != "Add" or len(add.input) != 2 or any(t in g.folded for t in add.input):
             continue
         sides = [(_activated_conv(g, _skip_qdq(g, t)[0]) and _only_for(g, t), _dequantized(g, t)) for t in add.input]
         if not any(activated for activated, _ in sides):
