@@ -42,11 +42,11 @@ def changed_region(reference: onnx.ModelProto, reference_folder: Path, candidate
     ref_graph, graph = reference.graph, candidate.graph
     same = _Same(Path(reference_folder), Path(candidate_folder))
     ref_inputs = {v.name: v for v in ref_graph.input}
-    ref_producer = {o: n for n in ref_graph.node for o in n.output if o}
+    ref_producer = {o: n for n in progress.each(ref_graph.node, "finding what the fix changed") for o in n.output if o}
     ref_weights = {t.name: t for t in ref_graph.initializer}
     unchanged = {""}
     unchanged |= {v.name for v in graph.input if v.name in ref_inputs and v == ref_inputs[v.name]}
-    unchanged |= {t.name for t in graph.initializer
+    unchanged |= {t.name for t in progress.each(graph.initializer, "finding what the fix changed")
                   if t.name in ref_weights and t.name not in ref_producer and same.tensor(ref_weights[t.name], t)}
     weights = {t.name for t in graph.initializer}
     changed_nodes = []

@@ -279,8 +279,9 @@ def _has_subgraph(node: onnx.NodeProto) -> bool:
 def topological(graph: onnx.GraphProto) -> list[onnx.NodeProto] | None:
     """The nodes, each after what it reads and otherwise in file order (None when there is no such order: a cycle)."""
     nodes = list(graph.node)
-    producer = {o: i for i, n in enumerate(nodes) for o in n.output if o}
-    if all(producer.get(name, -1) < i for i, n in enumerate(nodes) for name in n.input):
+    producer = {o: i for i, n in enumerate(progress.each(nodes, "ordering the nodes")) for o in n.output if o}
+    if all(producer.get(name, -1) < i for i, n in enumerate(progress.each(nodes, "ordering the nodes"))
+           for name in n.input):
         return nodes  # already in order, as exporters and qdq write models
     readers: dict[int, list[int]] = {}
     waiting = []
