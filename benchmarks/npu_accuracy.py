@@ -37,15 +37,7 @@ from qdq.cli import main as qdq  # noqa: E402
 # The score each task is judged by (tasks.metric returns more).
 SCORE = {"cls": "top1", "det": "f1", "rec": "string_accuracy"}
 # The shipped npu rule set with QDQ510 and QDQ511 turned on (they ship off).
-OPT_IN = """name = "npu-accuracy"
-extends = "npu"
-
-[rules.QDQ510]
-enabled = true
-
-[rules.QDQ511]
-enabled = true
-"""
+OPT_IN = REPO / "examples" / "rules" / "npu_accuracy.toml"
 # Variants of the fix: (label, whether QDQ510 and QDQ511 run, with calibration data).
 VARIANTS = [
     ("no data, before", False, False),
@@ -101,13 +93,11 @@ def measure(task: str, quantized: list[Path], folder: Path, variants: list[tuple
         row[score] = tasks.metric(path, task)[score]
         row["distance"] = distance(reference, outputs(path, samples))
     calibration = TRAINED / "data" / f"{task}_calib.npz"
-    opted_in = folder / "npu_accuracy.toml"
-    opted_in.write_text(OPT_IN)
     for model in quantized:
         rows.append({"model": str(model.relative_to(TRAINED)), "variant": "input",
                      score: tasks.metric(model, task)[score], "distance": distance(reference, outputs(model, samples))})
         for label, accuracy_steps, calibrated in variants:
-            rules = ["--rules", str(opted_in)] if accuracy_steps else ["--target", "npu"]
+            rules = ["--rules", str(OPT_IN)] if accuracy_steps else ["--target", "npu"]
             out = folder / f"{model.stem}_{len(rows)}.onnx"
             row = {"model": str(model.relative_to(TRAINED)), "variant": label,
                    **fixed(model, out, rules, calibration if calibrated else None)}

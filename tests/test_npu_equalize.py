@@ -20,16 +20,9 @@ from cli_run import qdq
 from qdq import bias_correction, equalize
 
 CHANNELS, OUTPUTS, SIZE = 8, 6, 10
-# The npu rule set ships QDQ510 and QDQ511 off (docs/benchmarks.md); a user turns them on like this.
-OPT_IN = """name = "npu-accuracy"
-extends = "npu"
-
-[rules.QDQ510]
-enabled = true
-
-[rules.QDQ511]
-enabled = true
-"""
+# The npu rule set ships QDQ510 and QDQ511 off (docs/benchmarks.md); a user turns them on with this file.
+OPT_IN = Path(__file__).resolve().parent.parent / "examples" / "rules" / "npu_accuracy.toml"
+OPTED_IN = ["--rules", str(OPT_IN)]
 MEAN = 1.5  # of the inputs in the bias correction tests
 
 
@@ -130,15 +123,8 @@ def _qdq_chain(tmp_path, between: str = "Relu", bound: float | None = None, mean
     return str(path)
 
 
-def _opted_in(folder) -> list[str]:
-    """The options that select the npu rule set with QDQ510 and QDQ511 on."""
-    path = Path(folder) / "npu_accuracy.toml"
-    path.write_text(OPT_IN)
-    return ["--rules", str(path)]
-
-
 def _fixed(model: str, out: str, *extra: str) -> str:
-    run = qdq("fix", model, *_opted_in(Path(out).parent), "-o", out, "--no-verify", "--isolated", *extra)
+    run = qdq("fix", model, *OPTED_IN, "-o", out, "--no-verify", "--isolated", *extra)
     assert run.code in (0, 1), run.err
     return out
 
@@ -185,7 +171,7 @@ def test_fix_equalizes_the_chain_and_comes_closer_to_the_input(tmp_path):
     model = _qdq_chain(tmp_path)
     plain = _fixed(model, str(tmp_path / "plain.onnx"), "--ignore", "QDQ510")
     equalized = _fixed(model, str(tmp_path / "equalized.onnx"))
-    report = qdq("fix", model, *_opted_in(tmp_path), "--dry-run", "--format", "json", "--isolated",
+    report = qdq("fix", model, *OPTED_IN, "--dry-run", "--format", "json", "--isolated",
                  "--no-verify").json()
     made = [c for c in report["changes"] if c["code"] == "QDQ510"]
     # Two weights, the depthwise bias, and the activation grid between them; each with its cost.
@@ -193,7 +179,7 @@ def test_fix_equalizes_the_chain_and_comes_closer_to_the_input(tmp_path):
     assert all("sqnr_db" in c["values"] for c in made if c["tensor"] in ("dw_q", "pw_q"))
     assert _distance(equalized, model) < 0.7 * _distance(plain, model)
     # A second fix finds nothing more to equalize: the weights are on their grids.
-    again = qdq("fix", equalized, *_opted_in(tmp_path), "--dry-run", "--format", "json", "--isolated",
+    again = qdq("fix", equalized, *OPTED_IN, "--dry-run", "--format", "json", "--isolated",
                 "--no-verify").json()
     assert not [c for c in again["changes"] if c["code"] == "QDQ510"]
 
@@ -202,7 +188,7 @@ def test_fix_equalizes_the_chain_and_comes_closer_to_the_input(tmp_path):
 def test_clip_is_passed_only_without_an_upper_bound(tmp_path, bound, passed):
     between = "Relu" if bound is None else "Clip"
     model = _qdq_chain(tmp_path, between, bound)
-    report = qdq("lint", model, *_opted_in(tmp_path), "--format", "json", "--isolated").json()
+    report = qdq("lint", model, *OPTED_IN, "--format", "json", "--isolated").json()
     found = [f for f in report["findings"] if f["code"] == "QDQ510"]
     assert bool(found) == passed
 
@@ -256,6 +242,6 @@ def test_a_linear_link_is_equalized_only_on_measured_ranges(tmp_path):
     calibration = tmp_path / "calib.npz"
     np.savez(calibration, x=_inputs()[:, 0])
     for data, expected in (([], False), (["--calibrate", str(calibration)], True)):
-        report = qdq("fix", model, *_opted_in(tmp_path), "--dry-run", "--format", "json", "--isolated",
+        report = qdq("fix", model, *OPTED_IN, "--dry-run", "--format", "json", "--isolated",
                      "--no-verify", *data).json()
         assert bool([c for c in report["changes"] if c["code"] == "QDQ510"]) == expected
