@@ -21,6 +21,7 @@ import onnx
 from onnx import helper
 
 from qdq import progress
+from qdq.model import external_range
 
 _CHUNK = 16 << 20
 
@@ -119,18 +120,10 @@ class _Same:
 
 
 def _where(tensor: onnx.TensorProto, folder: Path) -> tuple[Path, int, int] | None:
-    entries = {e.key: e.value for e in tensor.external_data}
-    if "location" not in entries:
+    try:
+        return external_range(tensor, folder)
+    except (KeyError, ValueError, OSError):  # no location, a malformed number, a missing file: not the same
         return None
-    length = int(entries["length"]) if "length" in entries else None
-    path = (folder / entries["location"]).resolve()
-    offset = int(entries.get("offset", 0))
-    if length is None:
-        try:
-            length = path.stat().st_size - offset
-        except OSError:
-            return None
-    return path, offset, length
 
 
 def whole(candidate: onnx.ModelProto) -> Region:

@@ -440,6 +440,15 @@ def _check_external_data(proto: onnx.ModelProto, path: Path) -> list[Path]:
     return [path.parent / location for location in sorted(locations)]
 
 
+def external_range(tensor: TensorProto, folder: Path) -> tuple[Path, int, int]:
+    """(file, offset, length) of an external tensor's bytes; without a length, to the file's end."""
+    info = {entry.key: entry.value for entry in tensor.external_data}
+    source = (Path(folder) / info["location"]).resolve()
+    offset = int(info.get("offset", 0))
+    length = int(info["length"]) if "length" in info else source.stat().st_size - offset
+    return source, offset, length
+
+
 def _is_external(tensor: TensorProto) -> bool:
     return tensor.data_location == TensorProto.EXTERNAL
 
@@ -479,10 +488,7 @@ def _write_data_file(tensors: list[TensorProto], source_dir: Path, out_path: Pat
         with open(tmp, "wb") as handle:
             for tensor in tensors:
                 if _is_external(tensor):
-                    info = {entry.key: entry.value for entry in tensor.external_data}
-                    source = (source_dir / info["location"]).resolve()
-                    offset = int(info.get("offset", 0))
-                    length = int(info["length"]) if "length" in info else source.stat().st_size - offset
+                    source, offset, length = external_range(tensor, source_dir)
                     key = (str(source), offset, length)
                     if key not in copied:
                         copied[key] = _aligned(handle, length)
