@@ -38,6 +38,13 @@ def inputs(task: str, split: str = "eval") -> dict[str, np.ndarray]:
         return {name: arrays[name] for name in arrays.files}
 
 
+def samples(task: str, split: str = "eval") -> list[dict[str, np.ndarray]]:
+    """The task's inputs one sample at a time, as the quantizers' calibration readers take them."""
+    arrays = inputs(task, split)
+    count = len(next(iter(arrays.values())))
+    return [{name: array[i:i + 1] for name, array in arrays.items()} for i in range(count)]
+
+
 def truth(task: str) -> list:
     return json.loads((DATA / f"{task}_eval_truth.json").read_text())
 

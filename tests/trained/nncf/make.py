@@ -24,7 +24,6 @@ import sys
 from pathlib import Path
 
 import nncf
-import numpy as np
 import onnx
 
 HERE = Path(__file__).resolve().parent
@@ -38,9 +37,7 @@ PRESETS = [nncf.QuantizationPreset.PERFORMANCE, nncf.QuantizationPreset.MIXED]
 
 
 def calibration(task: str) -> nncf.Dataset:
-    arrays = tasks.inputs(task, "calib")
-    count = len(next(iter(arrays.values())))
-    return nncf.Dataset([{name: array[i:i + 1] for name, array in arrays.items()} for i in range(count)])
+    return nncf.Dataset(tasks.samples(task, "calib"))
 
 
 def quantize(model: dict, preset: nncf.QuantizationPreset) -> dict:

@@ -48,9 +48,7 @@ class Reader(CalibrationDataReader):
     """The calibration samples of a task, one at a time."""
 
     def __init__(self, task: str) -> None:
-        arrays = tasks.inputs(task, "calib")
-        count = len(next(iter(arrays.values())))
-        self.feeds = iter([{name: array[i:i + 1] for name, array in arrays.items()} for i in range(count)])
+        self.feeds = iter(tasks.samples(task, "calib"))
 
     def get_next(self) -> dict[str, np.ndarray] | None:
         return next(self.feeds, None)
