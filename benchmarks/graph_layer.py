@@ -2,12 +2,12 @@
 
     python benchmarks/graph_layer.py [--sizes 10000,100000] [--repeats 3] [--json FILE]
 
-qdq holds graphs in its own representation (`qdq.ir`); it used graphsurgeon's objects before.
+qdq holds graphs in its own representation (`qdq.graph.ir`); it used graphsurgeon's objects before.
 For each size, a ladder model of `scale_models.py` is fixed for the NPU (the engine's fix,
 without verification) and written to a ModelProto. Then, taking turns, each library reads that
-proto into its graph (`qdq.graph_import.import_graph` / `gs.import_onnx`), drops dead nodes and
-sorts (`qdq.graph_tidy.tidy` / `cleanup().toposort()`) and writes a ModelProto again
-(`qdq.graph_export.export_model`, which reuses the read protobuf where nothing changed /
+proto into its graph (`qdq.graph.read.import_graph` / `gs.import_onnx`), drops dead nodes and
+sorts (`qdq.graph.tidy.tidy` / `cleanup().toposort()`) and writes a ModelProto again
+(`qdq.graph.write.export_model`, which reuses the read protobuf where nothing changed /
 `gs.export_onnx`), each step timed with the garbage collector paused, as qdq runs them. Prints
 JSON per size: nodes, changes, and per step the median seconds of each and their ratio.
 """
@@ -25,12 +25,12 @@ import onnx
 import onnx_graphsurgeon as gs
 from scale_models import ladder
 
-from qdq.fix import fix
-from qdq.graph_export import export_model
-from qdq.graph_import import import_graph
-from qdq.graph_tidy import tidy
-from qdq.model import gc_paused, load_model, to_proto
-from qdq.ruleset import load_target
+from qdq.engine.fix import fix
+from qdq.engine.ruleset import load_target
+from qdq.graph.model import gc_paused, load_model, to_proto
+from qdq.graph.read import import_graph
+from qdq.graph.tidy import tidy
+from qdq.graph.write import export_model
 
 STEPS = ("read", "tidy", "write")
 

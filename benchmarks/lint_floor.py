@@ -34,9 +34,9 @@ import onnx
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))  # the checkout's qdq, not an installed copy
 
-from qdq import progress  # noqa: E402
-from qdq.model import load_model  # noqa: E402
-from qdq.quant_index import QuantIndex  # noqa: E402
+from qdq.graph.model import load_model  # noqa: E402
+from qdq.quant.index import QuantIndex  # noqa: E402
+from qdq.support import progress  # noqa: E402
 
 LINT_RATIO = 4.0  # issue 17
 # Interpreter start and `import onnx`, paid by the baseline command and by `qdq lint` alike; qdq's own

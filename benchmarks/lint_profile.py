@@ -2,7 +2,7 @@
 
     python benchmarks/lint_profile.py MODEL [--target npu] [--repeats 3] [--top 10] [--json FILE]
 
-Phases are timed by the steps the library itself reports (`qdq.progress.timed`): reading the file
+Phases are timed by the steps the library itself reports (`qdq.support.progress.timed`): reading the file
 (and checking its external data), the ONNX checker (and `normalize`), building the graph, indexing
 the Q/DQ nodes, each rule, then rendering the text report. All in one process, with the cyclic
 collector off as in the `qdq` command; the interpreter's start and imports are not included
@@ -23,9 +23,9 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))  # the checkout's qdq, not an installed copy
 
 import qdq  # noqa: E402
-from qdq import progress  # noqa: E402
 from qdq.reports.text import render  # noqa: E402
-from qdq.rule import Severity  # noqa: E402
+from qdq.rewrite.rule import Severity  # noqa: E402
+from qdq.support import progress  # noqa: E402
 
 RULE_STEP = re.compile(r"checking (QDQ\d+) ")
 REPORT = "rendering the text report"

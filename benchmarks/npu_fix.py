@@ -24,11 +24,11 @@ sys.path.insert(0, str(REPO / "examples"))
 
 import cnn  # noqa: E402
 
-from qdq.fix import fix  # noqa: E402
-from qdq.model import load_model, save_model  # noqa: E402
-from qdq.rule import Severity  # noqa: E402
-from qdq.ruleset import load_target  # noqa: E402
-from qdq.verify import compare_arrays  # noqa: E402
+from qdq.engine.fix import fix  # noqa: E402
+from qdq.engine.ruleset import load_target  # noqa: E402
+from qdq.graph.model import load_model, save_model  # noqa: E402
+from qdq.rewrite.rule import Severity  # noqa: E402
+from qdq.verification.verify import compare_arrays  # noqa: E402
 
 
 def outputs(path: Path, inputs: list[np.ndarray]) -> np.ndarray:

@@ -3,7 +3,7 @@
     python benchmarks/still.py OUT.json QDQ-ARGS...
 
 A long run must show that it is alive: the progress line moves at least every 2 s (issue 40).
-The line moves when the library calls `qdq.progress.step`; this runs the command in-process,
+The line moves when the library calls `qdq.support.progress.step`; this runs the command in-process,
 as the `qdq` console script does, with `progress.timed()` recording every step, and writes the
 longest gap between two steps (and what the run was doing then) to OUT.json. Exits with qdq's code.
 """
@@ -16,8 +16,8 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the checkout's qdq, not an installed copy
-from qdq import progress  # noqa: E402
 from qdq.cli import main  # noqa: E402
+from qdq.support import progress  # noqa: E402
 
 
 def run(out: Path, argv: list[str]) -> int:

@@ -34,9 +34,9 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(REPO), str(REPO / "examples"), str(REPO / "tests" / "corpus" / "float")]
 
 import cli  # noqa: E402
-from qdq.ruleset import load_target  # noqa: E402
-from qdq.runtime import session as new_session  # noqa: E402
-from qdq.verdict import Criterion, judge  # noqa: E402
+from qdq.engine.ruleset import load_target  # noqa: E402
+from qdq.support.runtime import session as new_session  # noqa: E402
+from qdq.verification.verdict import Criterion, judge  # noqa: E402
 
 ARCHITECTURES = ("resnet", "mobilenetv2", "yolo", "transformer")
 MARGINS = (0.1, 0.25, 0.5, 1.0, 2.0)

@@ -38,11 +38,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))  # networks.py, next to
 import networks  # noqa: E402
 
 from qdq import fix, lint, load_model, load_target, save_model  # noqa: E402
+from qdq.engine.registry import all_rules  # noqa: E402
 from qdq.fx import export, int8_backend_config, load_scales, tqt_pow2_qconfig_mapping  # noqa: E402
 from qdq.reports.json import dumps  # noqa: E402
-from qdq.registry import all_rules  # noqa: E402
-from qdq.rule import Change, FixSafety, Severity  # noqa: E402
-from qdq.verify import compare, compare_arrays, make_inputs  # noqa: E402
+from qdq.rewrite.rule import Change, FixSafety, Severity  # noqa: E402
+from qdq.verification.verify import compare, compare_arrays, make_inputs  # noqa: E402
 
 DEMO_MODEL = Path(__file__).resolve().parent / "models" / "demo_fx_qat.onnx"
 TARGETS = ("npu", "trt", "ort")

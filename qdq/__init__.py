@@ -13,10 +13,10 @@ The library API mirrors the command line (docs/python-api.md):
 import logging
 
 from qdq.api import fix, lint, verify
-from qdq.fix import FixResult
-from qdq.lint import LintResult
-from qdq.model import Model, load_model, save_model
-from qdq.ruleset import RuleSet, load_rules_file, load_target
+from qdq.engine.fix import FixResult
+from qdq.engine.lint import LintResult
+from qdq.engine.ruleset import RuleSet, load_rules_file, load_target
+from qdq.graph.model import Model, load_model, save_model
 
 __version__ = "0.1.0"
 

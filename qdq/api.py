@@ -1,9 +1,9 @@
 """`lint`, `fix` and `verify` as library calls: the model in whatever form the caller holds, the rules by
 target name or as a set.
 
-The engine's `lint` (qdq/lint.py) and `fix` (qdq/fix.py) work on a loaded `Model` and a `RuleSet`, as
+The engine's `lint` (qdq/engine/lint.py) and `fix` (qdq/engine/fix.py) work on a loaded `Model` and a `RuleSet`, as
 the command line has them; these accept a path or an `onnx.ModelProto` too, and a `target=` name.
-`verify` gives the verdict `qdq fix` and `qdq verify` give (qdq/verdict.py), on two model files.
+`verify` gives the verdict `qdq fix` and `qdq verify` give (qdq/verification/verdict.py), on two model files.
 """
 
 from __future__ import annotations
@@ -16,14 +16,14 @@ from typing import Any
 
 import onnx
 
-from qdq.fix import FixResult
-from qdq.fix import fix as fix_model
-from qdq.lint import LintResult
-from qdq.lint import lint as lint_model
-from qdq.model import Model, load_model
-from qdq.ruleset import RuleSet, load_target
-from qdq.verdict import Criterion, judge
-from qdq.verify import VerifyResult
+from qdq.engine.fix import FixResult
+from qdq.engine.fix import fix as fix_model
+from qdq.engine.lint import LintResult
+from qdq.engine.lint import lint as lint_model
+from qdq.engine.ruleset import RuleSet, load_target
+from qdq.graph.model import Model, load_model
+from qdq.verification.verdict import Criterion, judge
+from qdq.verification.verify import VerifyResult
 
 ModelSource = str | os.PathLike | onnx.ModelProto | Model
 
@@ -31,7 +31,7 @@ ModelSource = str | os.PathLike | onnx.ModelProto | Model
 def lint(model: ModelSource, ruleset: RuleSet | None = None, *, target: str | None = None, **options: Any) -> LintResult:
     """Check `model` against a rule set, given as `ruleset` or by `target` name ("npu", "trt", …).
 
-    Further keyword arguments go to the engine's `lint` (qdq/lint.py).
+    Further keyword arguments go to the engine's `lint` (qdq/engine/lint.py).
     """
     return lint_model(as_model(model), _rules(ruleset, target), **options)
 
@@ -41,7 +41,7 @@ def fix(model: ModelSource, ruleset: RuleSet | None = None, *, target: str | Non
 
     A loaded `Model` is edited in place (its graph), as the command line does. A path or a
     ModelProto is loaded into a new `Model` first and stays as it was. Further keyword arguments
-    (`exact_only`, `max_rounds`, `ranges`) go to the engine's `fix` (qdq/fix.py).
+    (`exact_only`, `max_rounds`, `ranges`) go to the engine's `fix` (qdq/engine/fix.py).
     """
     return fix_model(as_model(model), _rules(ruleset, target), **options)
 

@@ -13,10 +13,11 @@ import sys
 import traceback
 from contextlib import suppress
 
-from qdq import __version__, progress
+from qdq import __version__
 from qdq.commands import COMMANDS
 from qdq.commands.args import setup_logging, subcommands
-from qdq.errors import QdqError
+from qdq.support import progress
+from qdq.support.errors import QdqError
 
 EXIT_USAGE = 2
 

@@ -19,11 +19,11 @@ os.environ["QDQ_CPU"] = "x86-avx2"
 
 from builders import GraphBuilder  # noqa: E402
 
-from qdq.cpu import this_cpu  # noqa: E402
-from qdq.fix import fix  # noqa: E402
-from qdq.lint import lint  # noqa: E402
-from qdq.model import Model, load_model, save_model  # noqa: E402
-from qdq.ruleset import RuleSet, load_target  # noqa: E402
+from qdq.engine.fix import fix  # noqa: E402
+from qdq.engine.lint import lint  # noqa: E402
+from qdq.engine.ruleset import RuleSet, load_target  # noqa: E402
+from qdq.graph.model import Model, load_model, save_model  # noqa: E402
+from qdq.quant.cpu import this_cpu  # noqa: E402
 
 
 @pytest.fixture
@@ -43,7 +43,7 @@ def _draws_independent_of_test_order(request):
 def checker_placements(request, monkeypatch) -> str:
     """Run a test twice: with the ONNX checker in process, and in a child beside the import as on large models."""
     if request.param == "checker in a second process":
-        from qdq import checker_process
+        from qdq.graph import checker_process
         monkeypatch.setattr(checker_process, "MIN_NODES", 0)
     return request.param
 

@@ -1,7 +1,7 @@
 """An independent checker of the AMD NPU (XINT8, power-of-two) constraints, for tests.
 
 It reads the ONNX protobuf directly, with onnx and numpy only, and shares no code with qdq's
-rules (qdq/checks, qdq/operands, qdq/quant_index), so a test that runs `qdq fix` and then this
+rules (qdq/checks, qdq/quant/operands.py, qdq/quant/index.py), so a test that runs `qdq fix` and then this
 checker is not grading qdq with its own arithmetic. The rules and bounds are those of the NPU
 catalogue (../shared/reference/npu-pow2-constraints.md, sections 1 and 5):
 

@@ -16,11 +16,11 @@ from pathlib import Path
 
 import pytest
 
-from qdq.fix import fix
-from qdq.lint import identity, lint
-from qdq.model import load_model
-from qdq.rule import FixSafety
-from qdq.ruleset import load_target
+from qdq.engine.fix import fix
+from qdq.engine.lint import identity, lint
+from qdq.engine.ruleset import load_target
+from qdq.graph.model import load_model
+from qdq.rewrite.rule import FixSafety
 
 ROOT = Path(__file__).resolve().parent.parent
 MODELS = sorted((ROOT / "tests" / "corpus" / "ort").glob("*.onnx")) + sorted(

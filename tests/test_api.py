@@ -10,7 +10,7 @@ import onnx
 import pytest
 
 import qdq
-from qdq.errors import QdqError
+from qdq.support.errors import QdqError
 
 ROOT = Path(__file__).resolve().parent.parent
 DEMO = ROOT / "examples" / "models" / "demo_fx_qat.onnx"

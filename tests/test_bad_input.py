@@ -139,8 +139,8 @@ def test_truncated_model(capsys, tmp_path, out_dir, model, fraction):
 @pytest.mark.usefixtures("checker_placements")
 def test_every_cut_point_is_refused(tmp_path, model):
     """No prefix of a valid model loads: every cut ends in a ModelLoadError (library level, fast)."""
-    from qdq.errors import ModelLoadError
-    from qdq.model import load_model
+    from qdq.graph.model import load_model
+    from qdq.support.errors import ModelLoadError
 
     data = model.read_bytes()
     truncated = tmp_path / "t.onnx"

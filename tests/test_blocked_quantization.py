@@ -16,7 +16,7 @@ import pytest
 from builders import GraphBuilder
 from conftest import findings_of
 
-from qdq.model import load_model
+from qdq.graph.model import load_model
 
 CORPUS = Path(__file__).parent / "corpus"
 

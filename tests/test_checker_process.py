@@ -1,6 +1,6 @@
 """The ONNX checker in a second process beside the import: the same model, notes and refusals as in process.
 
-Large models are checked by a child while the graph is built (`qdq.checker_process`). These tests
+Large models are checked by a child while the graph is built (`qdq.graph.checker_process`). These tests
 force that path on the corpus's odd files, those whose check leads somewhere other than a plain
 pass (a refusal onnxruntime overrules, repairs, an outright refusal), and compare what
 `load_model` gives with the in-process check: the written proto, the notes, or the error.
@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from qdq import checker_process
-from qdq.errors import ModelLoadError
-from qdq.model import load_model, to_proto
+from qdq.graph import checker_process
+from qdq.graph.model import load_model, to_proto
+from qdq.support.errors import ModelLoadError
 
 CORPUS = Path(__file__).parent / "corpus"
 CASES = {

@@ -20,9 +20,9 @@ from builders import GraphBuilder
 
 import cli
 from qdq import __version__
+from qdq.engine.registry import all_rules
+from qdq.engine.ruleset import load_target
 from qdq.reports import FORMATS
-from qdq.registry import all_rules
-from qdq.ruleset import load_target
 
 REPO = Path(cli.__file__).resolve().parent
 COMMON_CODES = sorted(load_target("common").rules)

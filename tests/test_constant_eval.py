@@ -6,11 +6,11 @@ from pathlib import Path
 
 import numpy as np
 
-from qdq import ir
-from qdq.constant_eval import MAX_CONSTANT_NODES, constant_ancestry, dequantized_in_numpy, evaluate_in_onnxruntime
-from qdq.model import load_model
-from qdq.quant_index import QuantIndex
-from qdq.rule import CheckContext, Severity
+from qdq.graph import ir
+from qdq.graph.model import load_model
+from qdq.quant.index import QuantIndex
+from qdq.rewrite.constant_eval import MAX_CONSTANT_NODES, constant_ancestry, dequantized_in_numpy, evaluate_in_onnxruntime
+from qdq.rewrite.rule import CheckContext, Severity
 
 
 def chain(start: ir.Tensor, length: int) -> ir.Tensor:

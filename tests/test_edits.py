@@ -9,12 +9,12 @@ import numpy as np
 import pytest
 from test_conformance import ENTRIES, TARGETS, Entry
 
-from qdq import ir
-from qdq.edits import ADD, ATTRIBUTE, CONSTANT, DETACH, INPUT, OUTPUT, PARAMS, VALUES, EditLog, EditRecord
-from qdq.errors import QdqError
-from qdq.fix import fix
-from qdq.model import load_model
-from qdq.ruleset import load_target
+from qdq.engine.fix import fix
+from qdq.engine.ruleset import load_target
+from qdq.graph import ir
+from qdq.graph.model import load_model
+from qdq.rewrite.edits import ADD, ATTRIBUTE, CONSTANT, DETACH, INPUT, OUTPUT, PARAMS, VALUES, EditLog, EditRecord
+from qdq.support.errors import QdqError
 
 
 def _graph() -> tuple[ir.Graph, dict]:

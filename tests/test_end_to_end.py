@@ -22,8 +22,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "examples"))
 import end_to_end  # noqa: E402
 
 from qdq import lint, load_model, load_target  # noqa: E402
-from qdq.quant_index import QuantIndex  # noqa: E402
-from qdq.rule import Severity  # noqa: E402
+from qdq.quant.index import QuantIndex  # noqa: E402
+from qdq.rewrite.rule import Severity  # noqa: E402
 
 ROWS = ["float", "QAT export", "npu fix", "trt fix", "ort fix", "feedback + npu fix"]
 SMALL = end_to_end.Settings(epochs=1, qat_steps=12, finetune_steps=6, train_limit=256, test_limit=64, latency_runs=3)

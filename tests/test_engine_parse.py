@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from qdq.engine import names
-from qdq.engine.layers import EngineFileError, load_layer_info
-from qdq.engine.profile import attach_profile, load_profile
+from qdq.trt import names
+from qdq.trt.layers import EngineFileError, load_layer_info
+from qdq.trt.profile import attach_profile, load_profile
 
 TRT = Path(__file__).parent / "fixtures" / "trt"
 MOBILENET_82 = TRT / "trex-v0.1.0" / "tests-inputs"

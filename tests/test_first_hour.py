@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from cli_run import qdq
 
-from qdq.ruleset import builtin_targets
+from qdq.engine.ruleset import builtin_targets
 
 REPO = Path(__file__).resolve().parent.parent
 CORPUS = REPO / "tests" / "corpus"
@@ -186,7 +186,7 @@ ORT_PTQ = CORPUS / "ort" / "resnet_default.onnx"  # onnxruntime's PTQ: int8 weig
     ("x86_64", None, "x86-avx2", "the safe side"),
 ])
 def test_the_cpu_kind_is_told_from_the_architecture_and_flags(tmp_path, machine, flags, kind, said):
-    from qdq.cpu import this_cpu
+    from qdq.quant.cpu import this_cpu
 
     cpuinfo = tmp_path / "cpuinfo"
     if flags is not None:
@@ -200,7 +200,7 @@ def _qdq508(run) -> list[dict]:
 
 
 def test_ort_on_a_vnni_cpu_narrows_no_weight_and_says_what_it_assumed(monkeypatch):
-    from qdq import cpu
+    from qdq.quant import cpu
 
     monkeypatch.delenv(cpu.ENVIRONMENT)
     monkeypatch.setattr(cpu, "this_cpu", lambda: cpu.Cpu("x86-vnni", "this machine's CPU has avx512_vnni"))
@@ -212,7 +212,7 @@ def test_ort_on_a_vnni_cpu_narrows_no_weight_and_says_what_it_assumed(monkeypatc
 
 
 def test_the_cpu_is_overridden_by_the_rule_set_or_the_environment(tmp_path, monkeypatch):
-    from qdq import cpu
+    from qdq.quant import cpu
 
     monkeypatch.setenv(cpu.ENVIRONMENT, "x86-vnni")
     assert _qdq508(qdq("lint", ORT_PTQ, "--target", "ort", "--format", "json")) == []

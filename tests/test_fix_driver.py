@@ -6,12 +6,12 @@ import numpy as np
 import onnx
 import pytest
 
-from qdq.errors import InvalidOutputError, RuleSetError
-from qdq.fix import fix
-from qdq.model import load_model, save_model
-from qdq.registry import all_rules
-from qdq.rule import FixSafety, ScaleCeilings
-from qdq.ruleset import load_rules_file, load_target
+from qdq.engine.fix import fix
+from qdq.engine.registry import all_rules
+from qdq.engine.ruleset import load_rules_file, load_target
+from qdq.graph.model import load_model, save_model
+from qdq.rewrite.rule import FixSafety, ScaleCeilings
+from qdq.support.errors import InvalidOutputError, RuleSetError
 
 
 def _concat_after_pool(builder, tmp_path):

@@ -18,9 +18,9 @@ from conftest import run_optimized, run_ort
 from onnx import TensorProto
 
 import cli
-from qdq.lint import lint
-from qdq.model import load_model
-from qdq.ruleset import load_target
+from qdq.engine.lint import lint
+from qdq.engine.ruleset import load_target
+from qdq.graph.model import load_model
 
 MODELOPT = Path(__file__).parent / "corpus" / "modelopt"
 

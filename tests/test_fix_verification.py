@@ -174,7 +174,7 @@ def test_verification_checks_the_file_that_is_written(capsys, tmp_path, monkeypa
 def test_a_fixed_model_onnxruntime_cannot_run_is_a_bug_not_bad_input(capsys, tmp_path, monkeypatch):
     """When the input runs and the candidate does not, the one line names the output, not a temporary file."""
     import qdq.commands.fix as fix_command
-    from qdq.verify import CandidateFailed
+    from qdq.verification.verify import CandidateFailed
 
     def broken(reference, candidate, *args, **kwargs):
         raise CandidateFailed(f"{candidate}: onnxruntime failed to run the model: no kernel")

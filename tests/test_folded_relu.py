@@ -21,10 +21,10 @@ from cli_run import qdq
 from conftest import run_ort
 from onnx import TensorProto, helper, numpy_helper
 
-from qdq.errors import RuleSetError
-from qdq.fix import fix
-from qdq.model import load_model, save_model
-from qdq.ruleset import load_rules_file, load_target
+from qdq.engine.fix import fix
+from qdq.engine.ruleset import load_rules_file, load_target
+from qdq.graph.model import load_model, save_model
+from qdq.support.errors import RuleSetError
 
 CORPUS = Path(__file__).resolve().parent / "corpus"
 SAMPLES = CORPUS / "float" / "resnet.npz"

@@ -19,9 +19,9 @@ import onnx
 import pytest
 
 from cli_run import qdq
-from qdq.fix import fix
-from qdq.model import load_model, save_model
-from qdq.ruleset import load_target
+from qdq.engine.fix import fix
+from qdq.engine.ruleset import load_target
+from qdq.graph.model import load_model, save_model
 
 CORPUS = Path(__file__).parent / "corpus"
 QOPERATOR = CORPUS / "ort" / "resnet_qoperator.onnx"

@@ -20,15 +20,15 @@ from fx_models import prepare as prepare_small  # noqa: E402
 from torch import nn  # noqa: E402
 
 from qdq import load_model  # noqa: E402
-from qdq.errors import QdqError  # noqa: E402
+from qdq.support.errors import QdqError  # noqa: E402
 from qdq.fx import (  # noqa: E402
     TQTFakeQuantize,
     export,
     pow2_int8_qconfig_mapping,
     tqt_pow2_qconfig_mapping,
 )
-from qdq.pow2 import all_pow2  # noqa: E402
-from qdq.quant_index import QuantIndex  # noqa: E402
+from qdq.quant.index import QuantIndex  # noqa: E402
+from qdq.quant.pow2 import all_pow2  # noqa: E402
 
 
 def prepare(mapping) -> nn.Module:

@@ -1,6 +1,6 @@
 """qdq writes what its graph says, reusing the input's protobuf where nothing changed.
 
-`qdq.graph_export` saves by patching the loaded ModelProto instead of rebuilding it. The oracle
+`qdq.graph.write` saves by patching the loaded ModelProto instead of rebuilding it. The oracle
 is an independent reader, onnx-graphsurgeon: for every model of the conformance corpus, as
 loaded and after the engine's fix (one target per model, the three in turn, to keep the run
 short), the written model read back by graphsurgeon holds the same nodes in the same order (op,
@@ -18,11 +18,11 @@ import pytest
 from onnx import TensorProto, numpy_helper
 from test_conformance import ENTRIES, TARGETS, Entry
 
-from qdq import ir
-from qdq.errors import ModelLoadError, QdqError
-from qdq.fix import fix
-from qdq.model import Model, load_model, to_proto
-from qdq.ruleset import load_target
+from qdq.engine.fix import fix
+from qdq.engine.ruleset import load_target
+from qdq.graph import ir
+from qdq.graph.model import Model, load_model, to_proto
+from qdq.support.errors import ModelLoadError, QdqError
 
 REPO = Path(__file__).resolve().parent.parent
 BUNDLED = REPO / "examples" / "models" / "demo_fx_qat.onnx"
@@ -76,7 +76,7 @@ def _initializer(model: onnx.ModelProto, name: str) -> TensorProto:
 
 def _stored_values(tensor: TensorProto, base_dir: Path) -> np.ndarray:
     """The values onnx reads for `tensor`. A value a fix computed in a model with external data is held in
-    qdq's scratch file (`qdq.spill`) under an absolute location until `save_model` copies it next to the
+    qdq's scratch file (`qdq.graph.spill`) under an absolute location until `save_model` copies it next to the
     output; onnx refuses absolute locations, so that one is read relative to the scratch folder."""
     location = next((entry for entry in tensor.external_data if entry.key == "location"), None)
     if location is not None and Path(location.value).is_absolute():

@@ -1,7 +1,7 @@
 """qdq's graph layer reads a model as onnx-graphsurgeon reads it and tidies it as graphsurgeon does.
 
-qdq holds graphs in its own representation (`qdq.ir`, read by `qdq.graph_import`, cleaned and
-sorted by `qdq.graph_tidy`). graphsurgeon is the independent oracle: on random QDQ graphs, the
+qdq holds graphs in its own representation (`qdq.graph.ir`, read by `qdq.graph.read`, cleaned and
+sorted by `qdq.graph.tidy`). graphsurgeon is the independent oracle: on random QDQ graphs, the
 bundled model and graphs with subgraphs, both readers see the same nodes, links, declarations
 and constants, and after shuffling the nodes and adding dead ones both tidies keep the same
 nodes in the same order.
@@ -21,11 +21,11 @@ from hypothesis import strategies as st
 from onnx import helper
 from random_graphs import qdq_models
 
-from qdq import ir
-from qdq.errors import QdqError
-from qdq.graph_export import export_model
-from qdq.graph_import import import_graph
-from qdq.graph_tidy import tidy
+from qdq.graph import ir
+from qdq.graph.read import import_graph
+from qdq.graph.tidy import tidy
+from qdq.graph.write import export_model
+from qdq.support.errors import QdqError
 
 REPO = Path(__file__).resolve().parent.parent
 BUNDLED = REPO / "examples" / "models" / "demo_fx_qat.onnx"

@@ -11,9 +11,9 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from cli_run import qdq
-from qdq import ir
-from qdq.inspect import render_tensors, render_text, summarize, tensors
-from qdq.model import Model, load_model
+from qdq.engine.inspect import render_tensors, render_text, summarize, tensors
+from qdq.graph import ir
+from qdq.graph.model import Model, load_model
 
 OPSET = 17
 

@@ -1,4 +1,4 @@
-"""qdq's graph in memory (`qdq.ir`): both ends of every edge agree after any list operation,
+"""qdq's graph in memory (`qdq.graph.ir`): both ends of every edge agree after any list operation,
 constants decode lazily and forget their protobuf when replaced, copies share nothing mutable."""
 
 from __future__ import annotations
@@ -10,8 +10,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from onnx import TensorProto, helper, numpy_helper
 
-from qdq import ir
-from qdq.graph_import import import_graph
+from qdq.graph import ir
+from qdq.graph.read import import_graph
 
 
 def linked(nodes: list[ir.Node], tensors: list[ir.Tensor]) -> bool:

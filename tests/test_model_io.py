@@ -16,9 +16,9 @@ from conftest import run_ort
 from onnx import TensorProto
 
 import cli
-from qdq.errors import OutputError
-from qdq.files import atomic_write_text
-from qdq.model import load_model, save_model
+from qdq.graph.model import load_model, save_model
+from qdq.support.errors import OutputError
+from qdq.support.files import atomic_write_text
 
 WEIGHT_SHAPE = (8, 4, 3, 3)
 

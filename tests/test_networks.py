@@ -33,10 +33,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "examples"))
 
 import networks  # noqa: E402
 
-from qdq.lint import lint  # noqa: E402
-from qdq.model import load_model  # noqa: E402
-from qdq.rule import Severity  # noqa: E402
-from qdq.ruleset import load_target  # noqa: E402
+from qdq.engine.lint import lint  # noqa: E402
+from qdq.engine.ruleset import load_target  # noqa: E402
+from qdq.graph.model import load_model  # noqa: E402
+from qdq.rewrite.rule import Severity  # noqa: E402
 
 NAMES = list(networks.NETWORKS)
 

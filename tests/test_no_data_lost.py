@@ -121,12 +121,12 @@ def test_external_data_is_never_rewritten_in_place(capsys, tmp_path, where):
 
 # --- an interrupted write -------------------------------------------------------------------------
 
-# The child blocks inside qdq.files.atomic_write_bytes on the way to `target`, after touching
+# The child blocks inside qdq.support.files.atomic_write_bytes on the way to `target`, after touching
 # `ready`, so the parent can kill it at exactly that point.
 _CHILD = r"""
 import os, sys, time
 from pathlib import Path
-import qdq.files as files
+import qdq.support.files as files
 
 target, ready, where = Path(sys.argv[1]).resolve(), Path(sys.argv[2]), sys.argv[3]
 

@@ -17,7 +17,8 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from cli_run import qdq
-from qdq import bias_correction, equalize
+from qdq.quant import equalize
+from qdq.rewrite import bias_correction
 
 CHANNELS, OUTPUTS, SIZE = 8, 6, 10
 # The npu rule set ships QDQ510 and QDQ511 off (docs/benchmarks.md); a user turns them on with this file.

@@ -36,8 +36,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "examples"))
 import cnn  # noqa: E402
 
 from cli_run import Run, qdq  # noqa: E402
-from qdq.registry import all_rules  # noqa: E402
-from qdq.rule import FixSafety  # noqa: E402
+from qdq.engine.registry import all_rules  # noqa: E402
+from qdq.rewrite.rule import FixSafety  # noqa: E402
 
 # Relative L2 error of the logits over the 8 calibration inputs. Measured (x86-64, onnxruntime
 # CPU, optimisations off): (a) fixed vs input 1.1 %, fixed vs float 1.0 %, input vs float 0.4 %;

@@ -15,13 +15,13 @@ from cli_run import qdq
 from float_reference import float_error
 from npu_constraints import check
 
-from qdq import exponent_search
-from qdq.calibrate import tensor_ranges
-from qdq.errors import RuleSetError
-from qdq.fix import fix
-from qdq.model import load_model
-from qdq.ruleset import load_rules_file, load_target
-from qdq.verify import load_samples
+from qdq.engine.fix import fix
+from qdq.engine.ruleset import load_rules_file, load_target
+from qdq.graph.model import load_model
+from qdq.quant.calibrate import tensor_ranges
+from qdq.support.errors import RuleSetError
+from qdq.trt import exponent_search
+from qdq.verification.verify import load_samples
 
 CORPUS = Path(__file__).parent / "corpus"
 RESNET = CORPUS / "torch" / "resnet_fx_qat_qnnpack.onnx"

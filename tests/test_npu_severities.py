@@ -19,9 +19,9 @@ from cli_run import qdq
 from onnx import numpy_helper
 
 import npu_constraints
-from qdq.lint import lint
-from qdq.model import load_model
-from qdq.ruleset import load_target
+from qdq.engine.lint import lint
+from qdq.engine.ruleset import load_target
+from qdq.graph.model import load_model
 
 CORPUS = Path(__file__).resolve().parent / "corpus"
 BIASED = ("Conv", "ConvTranspose", "Gemm")

@@ -19,10 +19,10 @@ from builders import GraphBuilder
 from conftest import run_optimized, run_ort, saturation_not_shown
 from optional import torch_or_skip
 
-from qdq.fix import fix
-from qdq.lint import lint
-from qdq.model import load_model, save_model
-from qdq.ruleset import load_target
+from qdq.engine.fix import fix
+from qdq.engine.lint import lint
+from qdq.engine.ruleset import load_target
+from qdq.graph.model import load_model, save_model
 
 ORT = load_target("ort")
 CORPUS = Path(__file__).resolve().parent / "corpus"

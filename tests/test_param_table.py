@@ -1,4 +1,4 @@
-"""The Q/DQ parameter columns (`qdq.param_table`) against onnx's own decoding, over the whole corpus.
+"""The Q/DQ parameter columns (`qdq.quant.param_table`) against onnx's own decoding, over the whole corpus.
 
 The columns are a fast path: every value they hold must be what `onnx.numpy_helper` reads from the
 same TensorProto, the rules that test the columns at once (QDQ001, QDQ002, QDQ504) must report
@@ -16,15 +16,16 @@ import pytest
 from onnx import numpy_helper
 from test_conformance import ENTRIES, Entry
 
-from qdq import ir, operands, pow2
 from qdq.checks import formats
 from qdq.checks.qparams import _scale_problem, _shape_problem, _zero_point_problem
-from qdq.errors import ModelLoadError
-from qdq.model import load_model
-from qdq.param_table import ParamColumn, ParamTable
-from qdq.quant_index import PER_TENSOR, QuantIndex
-from qdq.rule import CheckContext, Severity
-from qdq.ruleset import load_target
+from qdq.engine.ruleset import load_target
+from qdq.graph import ir
+from qdq.graph.model import load_model
+from qdq.quant import operands, pow2
+from qdq.quant.index import PER_TENSOR, QuantIndex
+from qdq.quant.param_table import ParamColumn, ParamTable
+from qdq.rewrite.rule import CheckContext, Severity
+from qdq.support.errors import ModelLoadError
 
 
 def index_of(entry: Entry) -> QuantIndex:

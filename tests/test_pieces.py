@@ -1,6 +1,6 @@
 """Running a model in pieces, and running only what a fix changed, give a whole run's values bit for bit.
 
-The verdict trusts both (`qdq.pieces`, `qdq.change`): a slice boundary or a region boundary that
+The verdict trusts both (`qdq.verification.pieces`, `qdq.verification.change`): a slice boundary or a region boundary that
 lost, retyped or reordered a value would change the numbers it judges. So each is checked against
 one whole-model onnxruntime session, on random QDQ graphs and on a model with external weights.
 """
@@ -19,8 +19,8 @@ from hypothesis import strategies as st
 from onnx import numpy_helper
 from random_graphs import qdq_models
 
-from qdq.change import changed_region
-from qdq.pieces import Pieces, joined
+from qdq.verification.change import changed_region
+from qdq.verification.pieces import Pieces, joined
 
 
 def whole_run(model: onnx.ModelProto | Path, feeds: dict) -> dict[str, np.ndarray]:

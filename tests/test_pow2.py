@@ -7,7 +7,7 @@ import math
 import numpy as np
 import pytest
 
-from qdq.pow2 import all_pow2, exact_pos, int_pos, is_pow2, pos
+from qdq.quant.pow2 import all_pow2, exact_pos, int_pos, is_pow2, pos
 
 F32_MIN_NORMAL = 2.0**-126
 F32_MIN_SUBNORMAL = 2.0**-149

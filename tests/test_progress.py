@@ -5,7 +5,7 @@ from __future__ import annotations
 import io
 import time
 
-from qdq import progress
+from qdq.support import progress
 
 
 class Terminal(io.StringIO):

@@ -22,12 +22,12 @@ from conftest import run_ort
 from hypothesis import HealthCheck, given, settings
 from random_graphs import qdq_models
 
-from qdq.fix import fix
-from qdq.lint import lint
-from qdq.model import load_model, save_model
-from qdq.registry import all_rules
-from qdq.rule import FixSafety
-from qdq.ruleset import builtin_targets, load_target
+from qdq.engine.fix import fix
+from qdq.engine.lint import lint
+from qdq.engine.registry import all_rules
+from qdq.engine.ruleset import builtin_targets, load_target
+from qdq.graph.model import load_model, save_model
+from qdq.rewrite.rule import FixSafety
 
 settings.register_profile(
     "qdq-properties", deadline=None, derandomize=True, print_blob=True,

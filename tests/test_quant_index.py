@@ -10,10 +10,10 @@ import pytest
 from builders import GraphBuilder
 from onnx import TensorProto, helper, numpy_helper
 
-from qdq import ir
-from qdq.dtypes import DEQUANTIZE_ONLY, QUANT_TYPES_BY_NAME, quant_type, type_name
-from qdq.model import Model, load_model
-from qdq.quant_index import BLOCKED, PER_AXIS, PER_TENSOR, QuantIndex, resolve_constant
+from qdq.graph import ir
+from qdq.graph.model import Model, load_model
+from qdq.quant.dtypes import DEQUANTIZE_ONLY, QUANT_TYPES_BY_NAME, quant_type, type_name
+from qdq.quant.index import BLOCKED, PER_AXIS, PER_TENSOR, QuantIndex, resolve_constant
 
 
 def build(b: GraphBuilder, tmp_path: Path, model: onnx.ModelProto | None = None) -> tuple[Model, QuantIndex]:

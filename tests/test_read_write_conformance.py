@@ -18,9 +18,9 @@ from conftest import run_ort
 from onnx import TensorProto, helper, numpy_helper
 
 import cli
-from qdq.errors import InvalidOutputError
-from qdq.model import load_model, save_model
-from qdq.normalize import _shape_graph_outputs, _sort_nodes
+from qdq.graph.model import load_model, save_model
+from qdq.graph.normalize import _shape_graph_outputs, _sort_nodes
+from qdq.support.errors import InvalidOutputError
 
 
 def conv_model(weight: onnx.TensorProto, weight_scale: np.ndarray, opset: int = 17, ir_version: int = 8,

@@ -56,10 +56,10 @@ def test_every_relative_link_resolves() -> None:
 
 
 def test_the_rule_reference_is_current() -> None:
-    from qdq.rule_docs import reference_markdown
+    from qdq.reports.rule_docs import reference_markdown
 
     written = (ROOT / "docs" / "rules.md").read_text()
-    assert written == reference_markdown(), "docs/rules.md is stale: run `python -m qdq.rule_docs docs/rules.md`"
+    assert written == reference_markdown(), "docs/rules.md is stale: run `python -m qdq.reports.rule_docs docs/rules.md`"
 
 
 def test_the_quick_start_shows_what_qdq_prints(tmp_path) -> None:

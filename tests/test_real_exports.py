@@ -36,9 +36,9 @@ from optional import torch_or_skip
 from onnx import TensorProto, helper, numpy_helper
 
 import cli
-from qdq.lint import lint
-from qdq.model import load_model
-from qdq.ruleset import load_target
+from qdq.engine.lint import lint
+from qdq.engine.ruleset import load_target
+from qdq.graph.model import load_model
 
 ROOT = Path(__file__).resolve().parent.parent
 QDQ_OPS = ("QuantizeLinear", "DequantizeLinear")

@@ -10,12 +10,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from qdq.lint import LintReport, LintResult, Unreadable
+from qdq.engine.lint import LintReport, LintResult, Unreadable
+from qdq.engine.registry import all_rules
+from qdq.engine.ruleset import RuleConfig, RuleSet
 from qdq.reports import FORMATS, render, sarif
 from qdq.reports.text import finding_line
-from qdq.registry import all_rules
-from qdq.rule import RULES, Finding, FixSafety, Rule, Severity
-from qdq.ruleset import RuleConfig, RuleSet
+from qdq.rewrite.rule import RULES, Finding, FixSafety, Rule, Severity
 
 MODEL = Path("models/model.onnx")
 OTHER = Path("models/more/other model.onnx")

@@ -19,9 +19,9 @@ from builders import GraphBuilder
 from conftest import apply_fix, findings_of, lint_codes, run_ort
 from onnx import numpy_helper
 
-from qdq.fix import fix
-from qdq.model import Model, load_model, save_model
-from qdq.ruleset import load_rules_file, load_target
+from qdq.engine.fix import fix
+from qdq.engine.ruleset import load_rules_file, load_target
+from qdq.graph.model import Model, load_model, save_model
 
 C_IN, C_OUT, EPS = 3, 4, 1e-5
 RNG = np.random.default_rng(0)

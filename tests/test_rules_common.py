@@ -24,14 +24,14 @@ from builders import GraphBuilder
 from conftest import apply_fix, findings_of, fix_roundtrip, lint_codes, run_ort
 from onnx import TensorProto, helper
 
-from qdq.errors import ModelLoadError
-from qdq.graph_export import export_model
-from qdq.graph_import import import_graph
-from qdq.graph_tidy import tidy
-from qdq.model import Model, load_model, save_model
-from qdq.registry import all_rules
-from qdq.rule import Finding, FixSafety, Rule
-from qdq.ruleset import load_target
+from qdq.engine.registry import all_rules
+from qdq.engine.ruleset import load_target
+from qdq.graph.model import Model, load_model, save_model
+from qdq.graph.read import import_graph
+from qdq.graph.tidy import tidy
+from qdq.graph.write import export_model
+from qdq.rewrite.rule import Finding, FixSafety, Rule
+from qdq.support.errors import ModelLoadError
 
 EXACT = FixSafety.EXACT
 COMMON = sorted(load_target("common").rules)

@@ -20,12 +20,12 @@ from onnx import TensorProto, helper
 
 import cli
 from qdq.checks import dpu
-from qdq.errors import RuleSetError
-from qdq.lint import lint
-from qdq.model import Model, load_model, save_model
-from qdq.registry import all_rules
-from qdq.rule import Finding, FixSafety, Severity
-from qdq.ruleset import RuleSet, load_rules_file, load_target
+from qdq.engine.lint import lint
+from qdq.engine.registry import all_rules
+from qdq.engine.ruleset import RuleSet, load_rules_file, load_target
+from qdq.graph.model import Model, load_model, save_model
+from qdq.rewrite.rule import Finding, FixSafety, Severity
+from qdq.support.errors import RuleSetError
 
 DPU_CODES = ["QDQ701", "QDQ702", "QDQ703"]
 HSIG_FACTOR = 1.0001220703125
@@ -163,7 +163,7 @@ def test_qdq701_bad_slope_denominator(tmp_path):
 
 
 def test_qdq701_not_in_common_and_needs_qdq(tmp_path):
-    from qdq.ruleset import load_target
+    from qdq.engine.ruleset import load_target
 
     model = leaky(tmp_path, 0.1)
     assert [f for f in lint(model, load_target("common")).findings if f.code.startswith("QDQ7")] == []

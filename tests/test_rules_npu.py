@@ -1,7 +1,7 @@
 """The NPU rules (QDQ401-402, QDQ501-504, QDQ601-608), rule by rule, on tiny hand-built graphs.
 
 Each rule gets a graph that breaks exactly that rule and the nearest graph that does not, linted
-with the `npu` target narrowed to the rule. Fixes run through the fix driver (`qdq.fix.fix`),
+with the `npu` target narrowed to the rule. Fixes run through the fix driver (`qdq.engine.fix.fix`),
 are saved, pass `onnx.checker` with `full_check`, run in onnxruntime, and a second fix run
 changes nothing. The constraint is then recomputed here from the saved file with onnx and numpy
 only (`pos = -log2(scale)`, bounds from the NPU catalogue, ../shared/reference/npu-pow2-constraints.md
@@ -20,11 +20,11 @@ from builders import GraphBuilder
 from conftest import apply_fix, findings_of, run_ort
 from onnx import TensorProto, helper, numpy_helper
 
-from qdq.fix import fix
-from qdq.model import Model, load_model, save_model
-from qdq.registry import all_rules
-from qdq.rule import Finding, FixSafety
-from qdq.ruleset import RuleSet, load_rules_file, load_target
+from qdq.engine.fix import fix
+from qdq.engine.registry import all_rules
+from qdq.engine.ruleset import RuleSet, load_rules_file, load_target
+from qdq.graph.model import Model, load_model, save_model
+from qdq.rewrite.rule import Finding, FixSafety
 
 NPU_CODES = [
     "QDQ401", "QDQ402", "QDQ403", "QDQ501", "QDQ502", "QDQ503", "QDQ504",
@@ -89,7 +89,7 @@ def found(model: Model, code: str, ruleset: RuleSet | None = None) -> list[Findi
     if ruleset is None:
         findings = findings_of(model, code, target="npu")
     else:
-        from qdq.lint import lint
+        from qdq.engine.lint import lint
 
         findings = lint(model, ruleset).findings
     rule = all_rules()[code]

@@ -24,13 +24,13 @@ from conftest import run_optimized, run_ort, saturation_not_shown
 from onnx import numpy_helper
 
 from qdq.checks.weight_type import _pairs_onto_bound, nearest_safe_weights
-from qdq.errors import RuleSetError
-from qdq.fix import fix
-from qdq.lint import lint
-from qdq.model import Model, load_model, save_model
-from qdq.registry import all_rules
-from qdq.rule import FixSafety
-from qdq.ruleset import load_rules_file, load_target
+from qdq.engine.fix import fix
+from qdq.engine.lint import lint
+from qdq.engine.registry import all_rules
+from qdq.engine.ruleset import load_rules_file, load_target
+from qdq.graph.model import Model, load_model, save_model
+from qdq.rewrite.rule import FixSafety
+from qdq.support.errors import RuleSetError
 
 ORT = load_target("ort")
 
@@ -584,7 +584,7 @@ def test_fx_full_fix_fuses_every_conv(fx_model, fx_feeds, tmp_path):
 
 def test_float_output_without_a_q_is_fixed_from_calibration_data(tmp_path):
     """DQ → Conv → Tanh (float): no Q exists for the conv output, so the scale must be measured."""
-    from qdq.calibrate import tensor_ranges
+    from qdq.quant.calibrate import tensor_ranges
 
     b = GraphBuilder()
     x = act(b, b.input("x", [1, 2, 4, 4]), "x", dtype=np.uint8, zp=128)

@@ -12,14 +12,14 @@ from builders import GraphBuilder
 from conftest import apply_fix, findings_of, run_ort
 
 import cli
-from qdq.calibrate import tensor_ranges
-from qdq.errors import RuleSetError
-from qdq.fix import fix
-from qdq.lint import lint
-from qdq.model import load_model, save_model
+from qdq.engine.fix import fix
+from qdq.engine.lint import lint
+from qdq.engine.ruleset import load_rules_file, load_target
+from qdq.graph.model import load_model, save_model
+from qdq.quant.calibrate import tensor_ranges
 from qdq.reports.text import render
-from qdq.rule import Severity
-from qdq.ruleset import load_rules_file, load_target
+from qdq.rewrite.rule import Severity
+from qdq.support.errors import RuleSetError
 
 RNG = np.random.default_rng(0)
 FEEDS = {"x": RNG.standard_normal((1, 4, 6, 6)).astype(np.float32)}

@@ -19,11 +19,11 @@ from float_reference import float_error
 from npu_constraints import check
 from onnx import numpy_helper
 
-from qdq.fix import fix
-from qdq.lint import lint
-from qdq.model import load_model, save_model
-from qdq.rule import FixSafety
-from qdq.ruleset import load_target
+from qdq.engine.fix import fix
+from qdq.engine.lint import lint
+from qdq.engine.ruleset import load_target
+from qdq.graph.model import load_model, save_model
+from qdq.rewrite.rule import FixSafety
 
 CORPUS = Path(__file__).parent / "corpus"
 SCALE, ZERO_POINT = 0.02, 3

@@ -16,11 +16,11 @@ import pytest
 from builders import GraphBuilder
 from float_reference import float_error
 
-from qdq.fix import fix
-from qdq.lint import lint
-from qdq.model import load_model, save_model
-from qdq.rule import Severity
-from qdq.ruleset import load_target
+from qdq.engine.fix import fix
+from qdq.engine.lint import lint
+from qdq.engine.ruleset import load_target
+from qdq.graph.model import load_model, save_model
+from qdq.rewrite.rule import Severity
 
 CORPUS = Path(__file__).resolve().parent / "corpus"
 

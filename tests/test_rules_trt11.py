@@ -14,9 +14,9 @@ from conftest import findings_of, run_ort
 from onnx import TensorProto, numpy_helper
 
 import cli
-from qdq import float_types
-from qdq.model import load_model
-from qdq.ruleset import load_target
+from qdq.engine.ruleset import load_target
+from qdq.graph import float_types
+from qdq.graph.model import load_model
 
 MODELOPT = Path(__file__).parent / "corpus" / "modelopt"
 

@@ -17,10 +17,10 @@ from cli_run import qdq
 from onnx import numpy_helper
 from trt_placement import Graph
 
-from qdq.fix import fix
-from qdq.lint import lint
-from qdq.model import load_model
-from qdq.ruleset import load_target
+from qdq.engine.fix import fix
+from qdq.engine.lint import lint
+from qdq.engine.ruleset import load_target
+from qdq.graph.model import load_model
 
 CORPUS = Path(__file__).resolve().parent / "corpus"
 RNG = np.random.default_rng(0)

@@ -6,10 +6,10 @@ from pathlib import Path
 
 import pytest
 
-from qdq.errors import RuleSetError
-from qdq.registry import all_rules
-from qdq.rule import RULES, Rule, Severity
-from qdq.ruleset import (
+from qdq.engine.registry import all_rules
+from qdq.rewrite.rule import RULES, Rule, Severity
+from qdq.support.errors import RuleSetError
+from qdq.engine.ruleset import (
     ProjectConfig,
     RuleSet,
     builtin_rules_dir,

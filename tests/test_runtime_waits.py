@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from qdq import progress, runtime
+from qdq.support import progress, runtime
 
 ROOT = Path(__file__).resolve().parent.parent
 

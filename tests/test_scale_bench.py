@@ -67,7 +67,7 @@ def test_graph_layer_benchmark_times_both_libraries(tmp_path, monkeypatch, capsy
 
 def test_lint_profile_times_every_phase_and_rule(tmp_path, capsys):
     import qdq
-    from qdq.ruleset import load_target
+    from qdq.engine.ruleset import load_target
 
     model = BENCHMARKS.parent / "examples" / "models" / "demo_fx_qat.onnx"
     out = tmp_path / "profile.json"

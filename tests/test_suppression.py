@@ -9,7 +9,7 @@ import pytest
 from test_bad_input import assert_bad_input
 from test_cli import build, run
 
-from qdq.registry import all_rules
+from qdq.engine.registry import all_rules
 
 # build(mixed) reports QDQ001 on w_dq (error), QDQ201 on qdq_3_q and qdq_3_dq (warnings) and
 # QDQ202 on x_q and x_dq (info); see tests/test_cli.py.

@@ -39,11 +39,11 @@ from networks import BasicBlock, InvertedResidual, export_float, quantize_trt_st
 
 import cli  # noqa: E402
 
-from qdq.calibrate import tensor_ranges  # noqa: E402
-from qdq.fix import fix  # noqa: E402
-from qdq.lint import lint  # noqa: E402
-from qdq.model import load_model  # noqa: E402
-from qdq.ruleset import load_target  # noqa: E402
+from qdq.engine.fix import fix  # noqa: E402
+from qdq.engine.lint import lint  # noqa: E402
+from qdq.engine.ruleset import load_target  # noqa: E402
+from qdq.graph.model import load_model  # noqa: E402
+from qdq.quant.calibrate import tensor_ranges  # noqa: E402
 
 ENGINES = Path(__file__).parent / "fixtures" / "trt" / "trex-v0.1.x"
 RESNET = ENGINES / "pytorch" / "resnet" / "A100"

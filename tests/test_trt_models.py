@@ -26,10 +26,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "examples"))
 from networks import NETWORKS, export_float, quantize_ort_default, quantize_trt_style  # noqa: E402
 
 import cli  # noqa: E402
-from qdq.lint import lint  # noqa: E402
-from qdq.model import load_model  # noqa: E402
-from qdq.ruleset import load_target  # noqa: E402
-from qdq.verify import compare  # noqa: E402
+from qdq.engine.lint import lint  # noqa: E402
+from qdq.engine.ruleset import load_target  # noqa: E402
+from qdq.graph.model import load_model  # noqa: E402
+from qdq.verification.verify import compare  # noqa: E402
 
 CASES = {"resnet": quantize_trt_style, "mobilenet": quantize_trt_style, "yolo": quantize_ort_default}
 CHANNELS = {"resnet": 1, "mobilenet": 3, "yolo": 3}

@@ -15,11 +15,11 @@ import pytest
 from conftest import run_ort
 
 import qdq
-from qdq.lint import identity
-from qdq.model import save_model
-from qdq.neighbourhood import neighbourhoods
+from qdq.engine.lint import identity
+from qdq.engine.suppression import is_ignored
+from qdq.graph.model import save_model
+from qdq.reports.neighbourhood import neighbourhoods
 from qdq.reports.text import describe
-from qdq.suppression import is_ignored
 
 CORPUS = Path(__file__).resolve().parent / "corpus"
 TARGETS = ("npu", "trt", "ort")

@@ -17,8 +17,8 @@ from builders import GraphBuilder
 from cli_run import qdq
 from onnx import TensorProto, helper, numpy_helper
 
-from qdq.ruleset import load_target
-from qdq.twin import float_twin
+from qdq.engine.ruleset import load_target
+from qdq.verification.twin import float_twin
 
 RNG = np.random.default_rng(0)
 W = (RNG.standard_normal((8, 4, 3, 3)) * 0.2).astype(np.float32)
@@ -241,7 +241,7 @@ def relu_net(path: Path, mid_zero_point: int, mid_type) -> Path:
     (0, np.uint8, False),  # negatives clipped to 0: the Relu hides it from the outputs, not from the integers
 ])
 def test_an_exact_claim_is_held_to_the_integers_not_only_to_the_outputs(tmp_path, zero_point, dtype, exact):
-    from qdq.verdict import Criterion, judge
+    from qdq.verification.verdict import Criterion, judge
 
     reference = relu_net(tmp_path / "a.onnx", 0, np.int8)
     candidate = relu_net(tmp_path / "b.onnx", zero_point, dtype)

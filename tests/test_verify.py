@@ -14,8 +14,8 @@ from builders import GraphBuilder
 from onnx import TensorProto, numpy_helper
 
 import cli
-from qdq.errors import QdqError
-from qdq.verify import UnfeedableInput, compare, compare_arrays, load_inputs, make_inputs, render_text
+from qdq.support.errors import QdqError
+from qdq.verification.verify import UnfeedableInput, compare, compare_arrays, load_inputs, make_inputs, render_text
 
 SHAPE = [2, 8]
 
@@ -507,8 +507,8 @@ def test_both_sessions_are_built_side_by_side_and_the_references_refusal_comes_f
     """runtime.sessions builds the two models' sessions in threads: each model gets its own outcome,
     a refused reference is the input's fault (QdqError) before a refused candidate is qdq's
     (CandidateFailed), and stdout is the same object afterwards (one redirect, not one per thread)."""
-    from qdq.runtime import sessions
-    from qdq.verify import CandidateFailed
+    from qdq.support.runtime import sessions
+    from qdq.verification.verify import CandidateFailed
 
     unloadable = tmp_path / "unloadable.onnx"
     unloadable.write_bytes(b"not a model")

@@ -20,6 +20,8 @@
 - weight_type: QDQ508, int8 weights a 16-bit pair-sum kernel can saturate, stored as uint8
 - equalization: QDQ510, Conv chains whose per-tensor weight grids lose less with equalized channels
 - bias_correction: QDQ511, the mean output shift a conv's per-tensor weight rounding causes, taken back by its bias
+
+May import: support, graph, quant, rewrite.
 """
 
 from qdq.checks import (  # noqa: F401

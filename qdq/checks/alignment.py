@@ -11,12 +11,12 @@ from typing import Iterable
 
 import numpy as np
 
-from qdq import ir
-from qdq.errors import RuleSetError
-from qdq.operands import input_value, output_value, scale_of
-from qdq.quant_index import QTensor, is_uniform
-from qdq.requantize import describe, set_params, why_grid_is_fixed
-from qdq.rule import Change, CheckContext, Finding, FixContext, FixSafety, Rule, Severity, mention, register
+from qdq.graph import ir
+from qdq.quant.index import QTensor, is_uniform
+from qdq.quant.operands import input_value, output_value, scale_of
+from qdq.rewrite.requantize import describe, set_params, why_grid_is_fixed
+from qdq.rewrite.rule import Change, CheckContext, Finding, FixContext, FixSafety, Rule, Severity, mention, register
+from qdq.support.errors import RuleSetError
 
 _PREFER = ("coarser", "output")
 

@@ -11,9 +11,9 @@ from typing import Iterable
 
 import numpy as np
 
-from qdq import ir
-from qdq.quant_index import PER_TENSOR, ConstantSource, QParams, QuantIndex, source_values
-from qdq.rule import Change, CheckContext, Finding, FixContext, FixSafety, Rule, Severity, mention, register
+from qdq.graph import ir
+from qdq.quant.index import PER_TENSOR, ConstantSource, QParams, QuantIndex, source_values
+from qdq.rewrite.rule import Change, CheckContext, Finding, FixContext, FixSafety, Rule, Severity, mention, register
 
 _SCALE, _ZERO_POINT = 1, 2
 

@@ -17,13 +17,13 @@ from typing import Iterable
 import numpy as np
 from onnx import helper
 
-from qdq import ir
-from qdq.names import stem
-from qdq.operands import BIAS_INPUT, WEIGHT_INPUT, input_value
 from qdq.checks.reduced_range import clip_bounds
-from qdq.quant_index import PER_TENSOR, ConstantSource, QParams, QTensor, clipped_integers, resolve_constant, source_values
-from qdq.rounding import RoundingCost, along, quantize
-from qdq.rule import Change, CheckContext, Finding, FixContext, FixSafety, Rule, Severity, mention, register
+from qdq.graph import ir
+from qdq.graph.names import stem
+from qdq.quant.index import PER_TENSOR, ConstantSource, QParams, QTensor, clipped_integers, resolve_constant, source_values
+from qdq.quant.operands import BIAS_INPUT, WEIGHT_INPUT, input_value
+from qdq.quant.rounding import RoundingCost, along, quantize
+from qdq.rewrite.rule import Change, CheckContext, Finding, FixContext, FixSafety, Rule, Severity, mention, register
 
 _CONSTANT_STEPS = ("Mul", "Div", "Add", "Sub")
 _BN = "BatchNormalization"

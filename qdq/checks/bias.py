@@ -14,16 +14,16 @@ from typing import Iterable
 import numpy as np
 import onnx
 
-from qdq import ir
-from qdq.constant_eval import constant_ancestry, evaluate_constant
-from qdq.dtypes import quant_type, type_name
-from qdq.insertion import float_type, read_dequantized
-from qdq.names import stem
-from qdq.operands import BIAS_INPUT, WEIGHT_INPUT, input_value
-from qdq.quant_index import PER_TENSOR, QuantIndex, QTensor, resolve_constant, source_values
-from qdq.requantize import describe, quantize_blocks, set_params
-from qdq.rounding import cost_sentence
-from qdq.rule import Change, CheckContext, Finding, FixContext, FixSafety, Rule, Severity, mention, register
+from qdq.graph import ir
+from qdq.graph.names import stem
+from qdq.quant.dtypes import quant_type, type_name
+from qdq.quant.index import PER_TENSOR, QuantIndex, QTensor, resolve_constant, source_values
+from qdq.quant.operands import BIAS_INPUT, WEIGHT_INPUT, input_value
+from qdq.quant.rounding import cost_sentence
+from qdq.rewrite.constant_eval import constant_ancestry, evaluate_constant
+from qdq.rewrite.insertion import float_type, read_dequantized
+from qdq.rewrite.requantize import describe, quantize_blocks, set_params
+from qdq.rewrite.rule import Change, CheckContext, Finding, FixContext, FixSafety, Rule, Severity, mention, register
 
 
 @register

@@ -6,11 +6,11 @@ from typing import Iterable
 
 import numpy as np
 
-from qdq import equalize
-from qdq.bias_correction import input_means, shift
 from qdq.checks.equalization import on_target_grid, read_conv, write_bias
-from qdq.requantize import set_params
-from qdq.rule import Change, CheckContext, Finding, FixContext, FixSafety, Rule, Severity, mention, register
+from qdq.quant import equalize
+from qdq.rewrite.bias_correction import input_means, shift
+from qdq.rewrite.requantize import set_params
+from qdq.rewrite.rule import Change, CheckContext, Finding, FixContext, FixSafety, Rule, Severity, mention, register
 
 
 @register

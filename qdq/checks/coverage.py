@@ -12,9 +12,9 @@ from __future__ import annotations
 from fnmatch import fnmatchcase
 from typing import Any, Iterable
 
-from qdq import ir
-from qdq.ops import QDQ_DOMAINS, QDQ_OPS
-from qdq.rule import CheckContext, Finding, Rule, Severity, register
+from qdq.graph import ir
+from qdq.graph.ops import QDQ_DOMAINS, QDQ_OPS
+from qdq.rewrite.rule import CheckContext, Finding, Rule, Severity, register
 
 # Domains whose ops are ONNX's or onnxruntime's own: a name pattern never matches there.
 _STANDARD_DOMAINS = (None, "", "ai.onnx", "com.microsoft", "ai.onnx.ml")

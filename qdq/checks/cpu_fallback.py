@@ -13,10 +13,10 @@ from typing import Iterable
 
 import numpy as np
 
-from qdq import ir
-from qdq.operands import WEIGHT_INPUT, input_value, output_value
-from qdq.quant_index import resolve_constant
-from qdq.rule import CheckContext, Finding, Rule, Severity, register
+from qdq.graph import ir
+from qdq.quant.index import resolve_constant
+from qdq.quant.operands import WEIGHT_INPUT, input_value, output_value
+from qdq.rewrite.rule import CheckContext, Finding, Rule, Severity, register
 
 
 @register

@@ -17,10 +17,10 @@ from typing import Any, Iterable, Sequence
 import numpy as np
 import onnx
 
-from qdq import ir
-from qdq.errors import RuleSetError
-from qdq.quant_index import resolve_constant, source_values
-from qdq.rule import Change, CheckContext, Finding, FixContext, FixSafety, Rule, Severity, mention, register
+from qdq.graph import ir
+from qdq.quant.index import resolve_constant, source_values
+from qdq.rewrite.rule import Change, CheckContext, Finding, FixContext, FixSafety, Rule, Severity, mention, register
+from qdq.support.errors import RuleSetError
 
 # How close a Mul's constant must be to the factor to count as the DPU rescale.
 _MUL_RTOL = 1e-9

@@ -1,7 +1,7 @@
 """QDQ510: cross-layer equalization of Conv chains, for targets with one weight scale per tensor.
 
 The rule finds chains Conv → (Q/DQ, an activation that commutes with a positive per-channel
-factor) → Conv, computes the factors from the weights (`qdq.equalize`), and changes a chain
+factor) → Conv, computes the factors from the weights (`qdq.quant.equalize`), and changes a chain
 only where the estimated error of its per-tensor grids comes down. Its fix writes the weights
 straight onto their power-of-two per-tensor grids (so QDQ502 and QDQ504 leave them), divides
 the biases, and moves the activation grids between the convolutions by the factor their
@@ -15,14 +15,15 @@ from typing import Iterable
 
 import numpy as np
 
-from qdq import equalize, ir, pow2
-from qdq.bias_correction import conv_bias, input_means, shift
-from qdq.insertion import float_type
-from qdq.operands import BIAS_INPUT, input_value
-from qdq.quant_index import QUANTIZE, QTensor, resolve_constant, source_values
-from qdq.requantize import effective_values, set_params, why_grid_is_fixed
-from qdq.rounding import RoundingCost
-from qdq.rule import Change, CheckContext, Finding, FixContext, FixSafety, Rule, Severity, mention, register
+from qdq.graph import ir
+from qdq.quant import equalize, pow2
+from qdq.quant.index import QUANTIZE, QTensor, resolve_constant, source_values
+from qdq.quant.operands import BIAS_INPUT, input_value
+from qdq.quant.rounding import RoundingCost
+from qdq.rewrite.bias_correction import conv_bias, input_means, shift
+from qdq.rewrite.insertion import float_type
+from qdq.rewrite.requantize import effective_values, set_params, why_grid_is_fixed
+from qdq.rewrite.rule import Change, CheckContext, Finding, FixContext, FixSafety, Rule, Severity, mention, register
 
 
 @dataclass
@@ -74,7 +75,7 @@ class CrossLayerEqualization(Rule):
     divides the depthwise channels by factors in [0.1, 9], multiplies the 1×1 weights' inputs
     by them, writes both on their per-tensor power-of-two grids and moves the activation grid
     between them; only where the chain's estimated output error (weights and activation
-    rounding, `qdq.equalize.objective`) falls by at least `min_gain`. Approximate: exact in
+    rounding, `qdq.quant.equalize.objective`) falls by at least `min_gain`. Approximate: exact in
     float, the change report gives each weight's SQNR in the input's units. With QDQ511 on, the
     biases are corrected for these weights' rounding here (QDQ511 sees them already rounded).
     """

@@ -18,14 +18,14 @@ from typing import Iterable
 
 import numpy as np
 
-from qdq import ir
-from qdq.constant_eval import constant_ancestry, evaluate_constant
-from qdq.dtypes import type_name
-from qdq.insertion import float_type
-from qdq.names import stem
-from qdq.operands import input_value
-from qdq.quant_index import PER_TENSOR, QuantIndex, resolve_constant
-from qdq.rule import Change, CheckContext, Finding, FixContext, FixSafety, Rule, Severity, mention, register
+from qdq.graph import ir
+from qdq.graph.names import stem
+from qdq.quant.dtypes import type_name
+from qdq.quant.index import PER_TENSOR, QuantIndex, resolve_constant
+from qdq.quant.operands import input_value
+from qdq.rewrite.constant_eval import constant_ancestry, evaluate_constant
+from qdq.rewrite.insertion import float_type
+from qdq.rewrite.rule import Change, CheckContext, Finding, FixContext, FixSafety, Rule, Severity, mention, register
 
 # What the rules below and QDQ801 read to decide that an op stays float; the size defaults (0)
 # exclude nothing (rules/trt.toml sets TensorRT's).

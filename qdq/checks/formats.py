@@ -12,15 +12,16 @@ from typing import Iterable
 import numpy as np
 from onnx import TensorProto
 
-from qdq import ir, pow2
-from qdq.dtypes import DEQUANTIZE_ONLY, QuantType, quant_type, type_name
-from qdq.errors import RuleSetError
 from qdq.checks.reduced_range import clip_bounds, folded_clips
-from qdq.operands import ACTIVATION, BIAS, WEIGHT, WEIGHT_INPUT, output_channel_axis, role
-from qdq.quant_index import PER_AXIS, PER_TENSOR, QUANTIZE, QParams, QTensor, is_uniform
-from qdq.requantize import (describe, effective_values, same_real_values, set_params, why_grid_is_fixed,
+from qdq.graph import ir
+from qdq.quant import pow2
+from qdq.quant.dtypes import DEQUANTIZE_ONLY, QuantType, quant_type, type_name
+from qdq.quant.index import PER_AXIS, PER_TENSOR, QUANTIZE, QParams, QTensor, is_uniform
+from qdq.quant.operands import ACTIVATION, BIAS, WEIGHT, WEIGHT_INPUT, output_channel_axis, role
+from qdq.support.errors import RuleSetError
+from qdq.rewrite.requantize import (describe, effective_values, same_real_values, set_params, why_grid_is_fixed,
                             why_type_is_fixed)
-from qdq.rule import Change, CheckContext, Finding, FixContext, FixSafety, Rule, Severity, mention, register
+from qdq.rewrite.rule import Change, CheckContext, Finding, FixContext, FixSafety, Rule, Severity, mention, register
 
 
 # The two 8-bit integer types: the same grid, shifted by 128 (q_uint8 = q_int8 + 128).

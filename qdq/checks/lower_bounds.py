@@ -13,14 +13,14 @@ from typing import Iterable
 
 import numpy as np
 
-from qdq import ir
 from qdq.checks.reduced_range import clip_bounds
-from qdq.dtypes import QUANT_TYPES_BY_NAME
-from qdq.errors import RuleSetError
-from qdq.operands import ACTIVATION, output_value, role, scale_of
-from qdq.quant_index import QUANTIZE, QTensor, is_uniform
-from qdq.requantize import set_params
-from qdq.rule import Change, CheckContext, Finding, FixContext, FixSafety, Rule, Severity, mention, register
+from qdq.graph import ir
+from qdq.quant.dtypes import QUANT_TYPES_BY_NAME
+from qdq.quant.index import QUANTIZE, QTensor, is_uniform
+from qdq.quant.operands import ACTIVATION, output_value, role, scale_of
+from qdq.rewrite.requantize import set_params
+from qdq.rewrite.rule import Change, CheckContext, Finding, FixContext, FixSafety, Rule, Severity, mention, register
+from qdq.support.errors import RuleSetError
 
 # The key of `lower_bounds` for SiLU as exporters write it: Mul(x, Sigmoid(x)).
 SILU = "Mul(x, Sigmoid(x))"

@@ -15,16 +15,16 @@ from typing import Iterable
 import numpy as np
 from onnx import helper
 
-from qdq import ir
 from qdq.checks.batchnorm import FOLD_PARAMETERS, folded_away
 from qdq.checks.reduced_range import clip_bounds
-from qdq.dtypes import QUANT_TYPES_BY_NAME
-from qdq.errors import RuleSetError
-from qdq.insertion import quantize_for, quantize_hint, read_through
-from qdq.operands import BIAS_INPUT, WEIGHT_INPUT
-from qdq.quant_index import DEQUANTIZE, QUANTIZE, resolve_constant
-from qdq.requantize import describe
-from qdq.rule import Change, CheckContext, Finding, FixContext, FixSafety, Rule, Severity, mention, register
+from qdq.graph import ir
+from qdq.quant.dtypes import QUANT_TYPES_BY_NAME
+from qdq.quant.index import DEQUANTIZE, QUANTIZE, resolve_constant
+from qdq.quant.operands import BIAS_INPUT, WEIGHT_INPUT
+from qdq.rewrite.insertion import quantize_for, quantize_hint, read_through
+from qdq.rewrite.requantize import describe
+from qdq.rewrite.rule import Change, CheckContext, Finding, FixContext, FixSafety, Rule, Severity, mention, register
+from qdq.support.errors import RuleSetError
 
 
 def dequantized_inputs(ctx: CheckContext, node: ir.Node, will_be: frozenset[int] = frozenset()) -> bool:

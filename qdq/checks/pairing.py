@@ -12,8 +12,8 @@ from typing import Iterable
 import numpy as np
 
 from qdq.checks.alignment import can_share, share_params
-from qdq.quant_index import PER_TENSOR, QParams
-from qdq.rule import Change, CheckContext, Finding, FixContext, FixSafety, Rule, Severity, mention, register
+from qdq.quant.index import PER_TENSOR, QParams
+from qdq.rewrite.rule import Change, CheckContext, Finding, FixContext, FixSafety, Rule, Severity, mention, register
 
 
 @register

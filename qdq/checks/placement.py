@@ -13,12 +13,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Iterable
 
-from qdq import ir
 from qdq.checks.float_by_design import FLOAT_BY_DESIGN_PARAMETERS, float_by_design, reads_float_by_design
 from qdq.checks.node_units import DEFERRED_PARAMETERS, quantized_without_data
-from qdq.constant_eval import constant_ancestry
-from qdq.errors import RuleSetError
-from qdq.insertion import (
+from qdq.graph import ir
+from qdq.rewrite.constant_eval import constant_ancestry
+from qdq.support.errors import RuleSetError
+from qdq.rewrite.insertion import (
     describe_quantize,
     existing_quantize,
     quantize_for,
@@ -26,9 +26,9 @@ from qdq.insertion import (
     quantized_weight,
     read_through,
 )
-from qdq.operands import BIAS_INPUT, WEIGHT_INPUT, output_channel_axis
-from qdq.quant_index import DEQUANTIZE, QUANTIZE, QuantIndex, resolve_constant
-from qdq.rule import Change, CheckContext, Finding, FixContext, FixSafety, Rule, Severity, mention, register
+from qdq.quant.index import DEQUANTIZE, QUANTIZE, QuantIndex, resolve_constant
+from qdq.quant.operands import BIAS_INPUT, WEIGHT_INPUT, output_channel_axis
+from qdq.rewrite.rule import Change, CheckContext, Finding, FixContext, FixSafety, Rule, Severity, mention, register
 
 # The op lists these rules read (which ops commute with Q/DQ, which fuse into a conv) are target
 # knowledge: the rule set gives them (rules/trt.toml [params]); the defaults here are empty.

@@ -12,9 +12,9 @@ from typing import Iterable
 import numpy as np
 from onnx import TensorProto
 
-from qdq.dtypes import DEQUANTIZE_ONLY, QUANT_TYPES, type_name
-from qdq.quant_index import BLOCKED, PER_AXIS, QParams
-from qdq.rule import CheckContext, Finding, Rule, Severity, register
+from qdq.quant.dtypes import DEQUANTIZE_ONLY, QUANT_TYPES, type_name
+from qdq.quant.index import BLOCKED, PER_AXIS, QParams
+from qdq.rewrite.rule import CheckContext, Finding, Rule, Severity, register
 
 _FLOAT_SCALE_TYPES = {TensorProto.FLOAT, TensorProto.FLOAT16, TensorProto.BFLOAT16}
 

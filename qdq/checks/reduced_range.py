@@ -15,13 +15,13 @@ from typing import Iterable, Iterator
 import numpy as np
 from onnx import helper
 
-from qdq import ir
-from qdq.dtypes import QuantType
-from qdq.ops import DEQUANTIZE, QUANTIZE
-from qdq.quant_index import PER_TENSOR, QTensor, clipped_integers, resolve_constant, source_values
-from qdq.requantize import set_params
-from qdq.rounding import along
-from qdq.rule import Change, CheckContext, Finding, FixContext, FixSafety, Rule, Severity, mention, register
+from qdq.graph import ir
+from qdq.graph.ops import DEQUANTIZE, QUANTIZE
+from qdq.quant.dtypes import QuantType
+from qdq.quant.index import PER_TENSOR, QTensor, clipped_integers, resolve_constant, source_values
+from qdq.quant.rounding import along
+from qdq.rewrite.requantize import set_params
+from qdq.rewrite.rule import Change, CheckContext, Finding, FixContext, FixSafety, Rule, Severity, mention, register
 
 
 def clip_bounds(ctx: CheckContext, clip: ir.Node) -> tuple[float | None, float | None]:

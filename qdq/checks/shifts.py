@@ -2,7 +2,7 @@
 
 A fix-point NPU rescales with bit shifts, and its shifters are narrow: an Add can align inputs
 at most 7 positions apart, a Conv's output shift `wpos + ipos - opos` must lie in [0, 16], and
-so on. Each rule here reads the positions of one op's operands (see qdq/operands.py), checks
+so on. Each rule here reads the positions of one op's operands (see qdq/quant/operands.py), checks
 one shift against bounds from the rule set, and moves one position to repair it, in the
 direction the NPU catalogue gives (`../shared/reference/npu-pow2-constraints.md`, section 5).
 
@@ -14,13 +14,13 @@ from __future__ import annotations
 
 from typing import Iterable
 
-from qdq import ir
-from qdq.errors import RuleSetError
-from qdq.operands import BIAS_INPUT, WEIGHT_INPUT, input_value, output_value, pos_of
-from qdq.quant_index import QTensor
-from qdq.dtypes import type_name
-from qdq.requantize import set_params
-from qdq.rule import Change, CheckContext, Finding, FixContext, FixSafety, Rule, Severity, mention, register
+from qdq.graph import ir
+from qdq.quant.dtypes import type_name
+from qdq.quant.index import QTensor
+from qdq.quant.operands import BIAS_INPUT, WEIGHT_INPUT, input_value, output_value, pos_of
+from qdq.rewrite.requantize import set_params
+from qdq.rewrite.rule import Change, CheckContext, Finding, FixContext, FixSafety, Rule, Severity, mention, register
+from qdq.support.errors import RuleSetError
 
 # How a Conv's output position is found (fused activations, DPU multiplies): set in the rule set.
 _OUTPUT_LOOKUP = {"output_through": [], "output_through_mul": []}

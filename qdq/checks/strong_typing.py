@@ -3,7 +3,7 @@
 TensorRT 11 removed weak typing: every layer runs in the type of its ONNX tensors, and the
 `--fp16`/`--int8` build flags that used to let unquantized layers run in FP16 are gone. So the
 float parts of a Q/DQ model decide the engine's float precision, and a DequantizeLinear outputs
-its scale's type. The types come from `qdq.float_types`.
+its scale's type. The types come from `qdq.graph.float_types`.
 """
 
 from __future__ import annotations
@@ -15,12 +15,13 @@ from typing import Iterable
 import numpy as np
 from onnx import TensorProto, helper
 
-from qdq import float_types, fp16, ir
-from qdq.dtypes import type_name
-from qdq.graph_export import export_model
-from qdq.normalize import inferred_types
-from qdq.ops import QDQ_DOMAINS, QDQ_OPS, QUANTIZE
-from qdq.rule import Change, CheckContext, Finding, FixContext, FixSafety, Rule, Severity, mention, register
+from qdq.graph import float_types, ir
+from qdq.graph.normalize import inferred_types
+from qdq.graph.ops import QDQ_DOMAINS, QDQ_OPS, QUANTIZE
+from qdq.graph.write import export_model
+from qdq.quant.dtypes import type_name
+from qdq.rewrite import fp16
+from qdq.rewrite.rule import Change, CheckContext, Finding, FixContext, FixSafety, Rule, Severity, mention, register
 
 # Nodes that only convert or hold values: never part of a float region.
 _NOT_COMPUTE = frozenset({*QDQ_OPS, "Cast", "CastLike", "Constant"})
@@ -98,7 +99,7 @@ class FloatRemainder(Rule):
     behind Casts) reports none.
 
     The fix (approximate: FP16 rounds) converts the whole model as ModelOpt's output looks and
-    keeps every Q/DQ (`qdq.fp16`): FP16 activations, constants and Q/DQ scales, the opset raised
+    keeps every Q/DQ (`qdq.rewrite.fp16`): FP16 activations, constants and Q/DQ scales, the opset raised
     to 19 where no op changes meaning on the way (an attribute that became an input, as
     ReduceMean-18's axes, moves there), the FP32 interface kept behind Casts (`fp16_io = true`
     makes it FP16). Ops stay FP32, behind Casts, where the rule set says (`keep_fp32`), where

@@ -15,14 +15,14 @@ from typing import Iterable
 import numpy as np
 from onnx import TensorProto
 
-from qdq import cpu
-from qdq.dtypes import type_name
-from qdq.errors import RuleSetError
-from qdq.ops import PER_AXIS_OPSET
-from qdq.operands import WEIGHT_INPUT, input_value, output_channel_axis
-from qdq.quant_index import PER_TENSOR, QParams, QTensor, resolve_constant, source_values
-from qdq.requantize import set_params, why_type_is_fixed
-from qdq.rule import Change, CheckContext, Finding, FixContext, FixSafety, Rule, Severity, mention, register
+from qdq.graph.ops import PER_AXIS_OPSET
+from qdq.quant import cpu
+from qdq.quant.dtypes import type_name
+from qdq.quant.index import PER_TENSOR, QParams, QTensor, resolve_constant, source_values
+from qdq.quant.operands import WEIGHT_INPUT, input_value, output_channel_axis
+from qdq.rewrite.requantize import set_params, why_type_is_fixed
+from qdq.rewrite.rule import Change, CheckContext, Finding, FixContext, FixSafety, Rule, Severity, mention, register
+from qdq.support.errors import RuleSetError
 
 # The uint8 rewrite: int8 weights become uint8, the same grid 128 higher.
 _FROM, _TO, _SHIFT = TensorProto.INT8, TensorProto.UINT8, 128

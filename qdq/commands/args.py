@@ -9,12 +9,12 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from qdq.errors import QdqError
-from qdq.files import atomic_write_text, check_writable
-from qdq.model import Model, load_model
-from qdq.rule import Severity
-from qdq.verify import check_input_shapes, load_samples
-from qdq.ruleset import ProjectConfig, RuleSet, builtin_targets, find_project_config, load_rules_file, load_target
+from qdq.engine.ruleset import ProjectConfig, RuleSet, builtin_targets, find_project_config, load_rules_file, load_target
+from qdq.graph.model import Model, load_model
+from qdq.rewrite.rule import Severity
+from qdq.support.errors import QdqError
+from qdq.support.files import atomic_write_text, check_writable
+from qdq.verification.verify import check_input_shapes, load_samples
 
 log = logging.getLogger("qdq")
 DEFAULT_TARGET = "common"
@@ -172,7 +172,7 @@ def input_feeds(args: argparse.Namespace, reference: Path) -> Inputs:
     """The inputs chosen by `add_input_args` for a verdict on a candidate of `reference`.
 
     An --inputs file and --input-shape are checked now, so a bad one stops a command before it
-    writes anything. Random values are drawn by the verdict (`qdq.meant_inputs`), from the seed, so
+    writes anything. Random values are drawn by the verdict (`qdq.verification.meant_inputs`), from the seed, so
     `qdq fix IN -o OUT` and `qdq verify IN OUT` with the same seed feed the same arrays.
     """
     if args.inputs is not None:
@@ -185,7 +185,7 @@ def input_feeds(args: argparse.Namespace, reference: Path) -> Inputs:
 
 
 def add_verdict_args(parser: argparse.ArgumentParser) -> None:
-    """Gates a user adds to the verdict (`qdq.verdict`): the same options and defaults in `fix` and `verify`."""
+    """Gates a user adds to the verdict (`qdq.verification.verdict`): the same options and defaults in `fix` and `verify`."""
     group = parser.add_argument_group("verdict", "a candidate passes when each output is no further from the "
                                       "input model's float twin than the rule set's [verdict] allows; these add gates")
     group.add_argument("--atol", type=float, metavar="X", help="also fail an output past |a-b| <= atol + rtol*|a|")

@@ -2,7 +2,7 @@
 
 A and B are `trtexec --exportLayerInfo` files (A: PTQ, FP16 or a good QAT engine; B: the QAT
 engine under study). TensorRT 11 builds no PTQ engine: A may be an FP16 engine of the float model,
-or, with `--expect MODEL.onnx`, the layout a rule set predicts from the ONNX (`qdq.engine.expected`;
+or, with `--expect MODEL.onnx`, the layout a rule set predicts from the ONNX (`qdq.trt.expected`;
 exit 1 where a predicted count differs from the engine's). Exit 0: no --fail-on condition met; 1: a condition met, or --fail-on given and
 A and B look like different networks (a gate must not pass on a comparison that means nothing);
 2: bad input or usage. Differences alone never fail: FP16 against FP32 differs, and that is no finding.
@@ -14,15 +14,15 @@ import argparse
 from pathlib import Path
 
 from qdq.commands.args import UsageError, add_logging_args, emit, log
-from qdq.engine import expected
-from qdq.engine.diff import Comparison, compare
-from qdq.engine.layers import Engine, load_layer_info
-from qdq.engine.onnx_map import OnnxMapping, map_to_onnx
-from qdq.engine.profile import attach_profile, load_profile
-from qdq.files import check_writable
+from qdq.engine.ruleset import load_target
 from qdq.reports import engine_html, engine_text
 from qdq.reports.json import dumps
-from qdq.ruleset import load_target
+from qdq.support.files import check_writable
+from qdq.trt import expected
+from qdq.trt.diff import Comparison, compare
+from qdq.trt.layers import Engine, load_layer_info
+from qdq.trt.onnx_map import OnnxMapping, map_to_onnx
+from qdq.trt.profile import attach_profile, load_profile
 
 EXIT_CLEAN, EXIT_FAILED = 0, 1
 CONDITIONS = {

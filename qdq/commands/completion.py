@@ -6,7 +6,7 @@ import argparse
 import sys
 
 from qdq.commands.args import add_logging_args, subcommands
-from qdq.completion import SHELLS, script
+from qdq.commands.completion_script import SHELLS, script
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:

@@ -5,9 +5,9 @@ from __future__ import annotations
 import argparse
 
 from qdq.commands.args import UsageError, add_logging_args
-from qdq.registry import all_rules
-from qdq.rule_docs import shipped_settings, toml_value
-from qdq.ruleset import builtin_targets, load_target
+from qdq.engine.registry import all_rules
+from qdq.engine.ruleset import builtin_targets, load_target
+from qdq.reports.rule_docs import shipped_settings, toml_value
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:

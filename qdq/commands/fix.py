@@ -6,7 +6,8 @@ import argparse
 import tempfile
 from pathlib import Path
 
-from qdq import neighbourhood, progress
+from qdq.reports import neighbourhood
+from qdq.support import progress
 from qdq.commands.args import (
     Inputs,
     UsageError,
@@ -24,22 +25,22 @@ from qdq.commands.args import (
     resolve_ruleset,
     verdict_gates,
 )
-from qdq.calibrate import tensor_ranges
-from qdq.errors import InvalidOutputError
-from qdq.exponent_search import search_exponents, search_settings
-from qdq.files import atomic_write_text, check_writable, same_file
-from qdq.fix import DEFAULT_MAX_ROUNDS, FixResult, fix
-from qdq.lint import LintResult, lint
-from qdq.model import Model, save_model
+from qdq.engine.exponent_search import search_exponents, search_settings
+from qdq.engine.fix import DEFAULT_MAX_ROUNDS, FixResult, fix
+from qdq.engine.lint import LintResult, lint
+from qdq.engine.registry import all_rules
+from qdq.engine.ruleset import RuleSet
+from qdq.engine.suppression import drop_ignored
+from qdq.graph.model import Model, save_model
+from qdq.quant.calibrate import tensor_ranges
 from qdq.reports import fix as fix_report
 from qdq.reports import fix_html
 from qdq.reports.json import dumps
-from qdq.registry import all_rules
-from qdq.rule import FixSafety
-from qdq.suppression import drop_ignored
-from qdq.ruleset import RuleSet
-from qdq.verdict import Criterion, judge
-from qdq.verify import CandidateFailed, UnfeedableInput, VerifyResult, load_samples
+from qdq.rewrite.rule import FixSafety
+from qdq.support.errors import InvalidOutputError
+from qdq.support.files import atomic_write_text, check_writable, same_file
+from qdq.verification.verdict import Criterion, judge
+from qdq.verification.verify import CandidateFailed, UnfeedableInput, VerifyResult, load_samples
 
 EXIT_CLEAN, EXIT_NOT_CLEAN = 0, 1
 
@@ -177,7 +178,7 @@ def _save_verified(
 ) -> tuple[VerifyResult | None, str | None, bool]:
     """Write the fixed model where it goes, judged on the very file written: (verification, why skipped, written).
 
-    The verdict (`qdq.verdict`, the one `qdq verify` gives) runs on the complete temporary file
+    The verdict (`qdq.verification.verdict`, the one `qdq verify` gives) runs on the complete temporary file
     before it is renamed into place, so a model that fails is never moved into place (unless
     --keep-failed; never over the input with --in-place). It runs only the part of the file the
     fix changed, in pieces, after onnxruntime has loaded the file whole once (`save_model`'s own

@@ -7,10 +7,10 @@ import json
 from pathlib import Path
 
 from qdq.commands.args import UsageError, add_logging_args, emit, load_for_output
-from qdq.inspect import predicted, render_tensors, render_text, summarize, tensors
-from qdq.lint import lint
-from qdq.paths import model_paths
-from qdq.ruleset import load_target
+from qdq.engine.inspect import predicted, render_tensors, render_text, summarize, tensors
+from qdq.engine.lint import lint
+from qdq.engine.ruleset import load_target
+from qdq.support.paths import model_paths
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:

@@ -14,11 +14,11 @@ from pathlib import Path
 
 from qdq.commands.args import add_logging_args, emit
 from qdq.commands.compare import load_engine
-from qdq.engine.diff import summary
-from qdq.engine.hazards import find_hazards
-from qdq.files import check_writable
 from qdq.reports.engine_text import render_inspection
 from qdq.reports.json import dumps
+from qdq.support.files import check_writable
+from qdq.trt.diff import summary
+from qdq.trt.hazards import find_hazards
 
 EXIT_CLEAN, EXIT_HAZARDS = 0, 1
 

@@ -6,8 +6,8 @@ import argparse
 import sys
 from pathlib import Path
 
-from qdq import neighbourhood
-from qdq.baseline import drop_baselined, load_baseline, write_baseline
+from qdq.reports import neighbourhood
+from qdq.reports.baseline import drop_baselined, load_baseline, write_baseline
 from qdq.commands.args import (
     ALL_TARGETS,
     UsageError,
@@ -20,15 +20,15 @@ from qdq.commands.args import (
     resolve_fail_on,
     resolve_ruleset,
 )
-from qdq.errors import ModelLoadError
-from qdq.files import check_writable, same_file
-from qdq.lint import LintReport, Unreadable, lint
-from qdq.model import load_model
-from qdq.paths import model_paths
+from qdq.engine.lint import LintReport, Unreadable, lint
+from qdq.engine.ruleset import RuleSet, builtin_targets
+from qdq.engine.suppression import drop_ignored
+from qdq.graph.model import load_model
 from qdq.reports import FORMATS, matrix, render
 from qdq.reports.text import summary_line
-from qdq.ruleset import RuleSet, builtin_targets
-from qdq.suppression import drop_ignored
+from qdq.support.errors import ModelLoadError
+from qdq.support.files import check_writable, same_file
+from qdq.support.paths import model_paths
 
 EXIT_CLEAN, EXIT_FINDINGS, EXIT_UNREADABLE = 0, 1, 2
 

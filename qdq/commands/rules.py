@@ -6,7 +6,7 @@ import argparse
 import json
 
 from qdq.commands.args import add_logging_args, add_ruleset_args, project_config, resolve_ruleset
-from qdq.registry import all_rules
+from qdq.engine.registry import all_rules
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:

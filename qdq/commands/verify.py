@@ -10,8 +10,8 @@ from qdq.commands.args import (
     project_config, resolve_ruleset, verdict_gates,
 )
 from qdq.reports.json import dumps
-from qdq.verdict import Criterion, judge
-from qdq.verify import render_text
+from qdq.verification.verdict import Criterion, judge
+from qdq.verification.verify import render_text
 
 EXIT_PASS, EXIT_FAIL = 0, 1
 

@@ -8,6 +8,8 @@
 
 For NPU targets `pow2_int8_qconfig_mapping()` gives power-of-two scales from min/max observers
 and `tqt_pow2_qconfig_mapping()` learns power-of-two thresholds (TQT).
+
+May import: support, graph, quant.
 """
 
 try:

@@ -17,7 +17,7 @@ import onnx
 import torch
 from torch.ao.quantization import FakeQuantizeBase, FusedMovingAvgObsFakeQuantize, ObserverBase
 
-from qdq.errors import QdqError
+from qdq.support.errors import QdqError
 
 # The (quant_min, quant_max) pairs the ONNX symbolic of fake_quantize accepts.
 EXPORTABLE_RANGES = {(-128, 127), (0, 255), (0, 127)}

@@ -19,12 +19,12 @@ import numpy as np
 import torch
 from torch.ao.quantization import FakeQuantizeBase
 
-from qdq.errors import QdqError
 from qdq.fx.export import qdq_scopes
 from qdq.fx.tqt import TQTFakeQuantize
-from qdq.model import Model, load_model
-from qdq.operands import BIAS, role
-from qdq.quant_index import QuantIndex
+from qdq.graph.model import Model, load_model
+from qdq.quant.index import QuantIndex
+from qdq.quant.operands import BIAS, role
+from qdq.support.errors import QdqError
 
 
 @dataclass

@@ -1,10 +1,13 @@
-"""Report writers for `qdq lint`: one module per output format, chosen with `--format`."""
+"""Report writers for `qdq lint`: one module per output format, chosen with `--format`.
+
+May import: support, graph, quant, rewrite, checks, engine, verification, trt.
+"""
 
 from __future__ import annotations
 
-from qdq.lint import LintReport, LintResult
+from qdq.engine.lint import LintReport, LintResult
 from qdq.reports import github, gitlab, html, json, junit, sarif, text
-from qdq.rule import Severity
+from qdq.rewrite.rule import Severity
 
 _WRITERS = {
     "text": text.render,

@@ -16,9 +16,9 @@ from collections.abc import Callable
 from html import escape
 from typing import Any
 
-from qdq.engine.diff import Comparison, Difference
-from qdq.engine.layers import Engine, Layer
 from qdq.reports.html_assets import json_data, scripts
+from qdq.trt.diff import Comparison, Difference
+from qdq.trt.layers import Engine, Layer
 
 # Rows: a larger drawing starts with the regions without differences collapsed, and is laid out
 # without dagre's crossing-reduction sweeps (2/3 of its time; engines are nearly chains).

@@ -19,13 +19,13 @@ from dataclasses import dataclass
 from html import escape
 from pathlib import Path
 
-from qdq.engine.align import Pair
-from qdq.engine.diff import Comparison, Difference, summary
-from qdq.engine.hazards import RULES
-from qdq.engine.layers import Layer
-from qdq.engine.onnx_map import OnnxMapping
 from qdq.reports import engine_graph
 from qdq.reports.engine_text import tensorrt
+from qdq.trt.align import Pair
+from qdq.trt.diff import Comparison, Difference, summary
+from qdq.trt.hazards import RULES
+from qdq.trt.layers import Layer
+from qdq.trt.onnx_map import OnnxMapping
 
 TOP_LAYERS = 25  # chart rows: the layers with the largest time difference; the rest are summed in a note
 COLOURS = {"A": "#4c72b0", "B": "#dd8452"}

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from collections import Counter
 
-from qdq.engine.diff import Comparison, summary
-from qdq.engine.hazards import RULES, Hazard
-from qdq.engine.layers import UNKNOWN_VERSION, Engine
-from qdq.engine.onnx_map import OnnxMapping
+from qdq.trt.diff import Comparison, summary
+from qdq.trt.hazards import RULES, Hazard
+from qdq.trt.layers import UNKNOWN_VERSION, Engine
+from qdq.trt.onnx_map import OnnxMapping
 
 
 def render_comparison(comparison: Comparison, mapping: OnnxMapping | None, failed: list[str]) -> str:

@@ -5,10 +5,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from qdq.fix import FixResult
+from qdq.engine.fix import FixResult
 from qdq.reports.text import finding_line
-from qdq.rule import FixSafety, Severity
-from qdq.verify import VerifyResult, render_text as render_verification
+from qdq.rewrite.rule import FixSafety, Severity
+from qdq.verification.verify import VerifyResult, render_text as render_verification
 
 
 def to_dict(

@@ -12,11 +12,11 @@ from html import escape
 from pathlib import Path
 from typing import Any
 
-from qdq.fix import FixResult
-from qdq.lint import LintResult, identity
+from qdq.engine.fix import FixResult
+from qdq.engine.lint import LintResult, identity
 from qdq.reports.fix import change_line
 from qdq.reports.html import card, page, picture_block, rules_table
-from qdq.rule import Change, Finding
+from qdq.rewrite.rule import Change, Finding
 
 
 def render(model: Path, output: Path | None, before: LintResult, after: list, fixed: FixResult, verdict: str) -> str:

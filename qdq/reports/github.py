@@ -10,10 +10,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from qdq.lint import LintReport, LintResult, Unreadable
+from qdq.engine.lint import LintReport, LintResult, Unreadable
+from qdq.engine.registry import all_rules
 from qdq.reports.text import describe
-from qdq.registry import all_rules
-from qdq.rule import Severity
+from qdq.rewrite.rule import Severity
 
 _COMMANDS = {Severity.ERROR: "error", Severity.WARNING: "warning", Severity.INFO: "notice"}
 

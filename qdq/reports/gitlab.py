@@ -10,10 +10,10 @@ from __future__ import annotations
 import hashlib
 from collections import Counter
 
-from qdq.lint import LintReport, LintResult, identity
+from qdq.engine.lint import LintReport, LintResult, identity
 from qdq.reports.json import dumps
 from qdq.reports.text import describe
-from qdq.rule import Severity
+from qdq.rewrite.rule import Severity
 
 # Code Quality's scale is info, minor, major, critical, blocker; as eslint-formatter-gitlab maps ESLint's.
 _SEVERITIES = {Severity.ERROR: "major", Severity.WARNING: "minor", Severity.INFO: "info"}

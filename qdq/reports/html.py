@@ -1,7 +1,7 @@
 """`qdq lint --format html`: one self-contained page, each finding with a picture of where it sits.
 
 Each finding shows its rule, severity, node, message and what the target builds there, and a drawing
-of its neighbourhood in the ONNX graph (qdq.neighbourhood: the node, its Q/DQ nodes, the producers
+of its neighbourhood in the ONNX graph (qdq.reports.neighbourhood: the node, its Q/DQ nodes, the producers
 and consumers two hops out), with each Q/DQ coloured by scale and zero point so that a mismatch is
 visible. Inline CSS and scripts (dagre lays the pictures out); no external resource, so the page opens
 without network access. Every name taken from a model is escaped. The fix report
@@ -14,11 +14,11 @@ from collections import Counter
 from html import escape
 from typing import Any
 
-from qdq.lint import LintReport, LintResult
-from qdq.registry import all_rules
+from qdq.engine.lint import LintReport, LintResult
+from qdq.engine.registry import all_rules
 from qdq.reports import onnx_pictures
 from qdq.reports.text import describe, summary_line
-from qdq.rule import Finding, Severity
+from qdq.rewrite.rule import Finding, Severity
 
 CSS = """
 body{font:14px/1.4 system-ui,sans-serif;margin:1.5em;color:#222;max-width:1400px}

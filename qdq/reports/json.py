@@ -12,8 +12,8 @@ from enum import Enum
 from pathlib import Path
 from typing import Any
 
-from qdq.lint import LintReport, LintResult
-from qdq.rule import Severity
+from qdq.engine.lint import LintReport, LintResult
+from qdq.rewrite.rule import Severity
 
 # 2: several models per document (`models`, and `model` on each finding instead of at the top).
 SCHEMA_VERSION = 2

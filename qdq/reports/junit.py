@@ -12,10 +12,10 @@ import re
 import xml.etree.ElementTree as ET
 from collections import Counter
 
-from qdq.lint import LintReport, LintResult, Unreadable
-from qdq.registry import all_rules
+from qdq.engine.lint import LintReport, LintResult, Unreadable
+from qdq.engine.registry import all_rules
 from qdq.reports.text import finding_line
-from qdq.rule import Finding, Severity
+from qdq.rewrite.rule import Finding, Severity
 
 # Characters XML 1.0 cannot hold even escaped; ONNX names are arbitrary strings.
 _INVALID_XML = re.compile("[^\t\n\r\x20-\ud7ff\ue000-\ufffd\U00010000-\U0010ffff]")

@@ -10,10 +10,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from qdq.lint import LintResult
-from qdq.registry import all_rules
+from qdq.engine.lint import LintResult
+from qdq.engine.registry import all_rules
 from qdq.reports.json import dumps
-from qdq.rule import Severity
+from qdq.rewrite.rule import Severity
 
 _LETTER = {Severity.ERROR: "E", Severity.WARNING: "W", Severity.INFO: "I"}
 

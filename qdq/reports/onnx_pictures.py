@@ -1,4 +1,4 @@
-"""The finding pictures of the HTML lint and fix reports: a neighbourhood (qdq.neighbourhood) as data
+"""The finding pictures of the HTML lint and fix reports: a neighbourhood (qdq.reports.neighbourhood) as data
 for the page script (`assets/onnx_view.js`), with each Q/DQ coloured by its parameters.
 
 Within one picture, Q/DQ nodes with the same scale and zero point share a colour and different ones
@@ -11,8 +11,8 @@ from __future__ import annotations
 from html import escape
 from typing import Any
 
-from qdq.neighbourhood import Neighbourhood
 from qdq.reports.html_assets import json_data, scripts
+from qdq.reports.neighbourhood import Neighbourhood
 
 NAME_CHARS = 28  # what fits on a box's second line
 

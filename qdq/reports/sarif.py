@@ -14,11 +14,11 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
-from qdq.lint import LintReport, LintResult, Unreadable, identity
-from qdq.registry import all_rules
+from qdq.engine.lint import LintReport, LintResult, Unreadable, identity
+from qdq.engine.registry import all_rules
+from qdq.engine.ruleset import RuleSet
 from qdq.reports.json import dumps
-from qdq.rule import Finding, Rule, Severity
-from qdq.ruleset import RuleSet
+from qdq.rewrite.rule import Finding, Rule, Severity
 
 SCHEMA = "https://json.schemastore.org/sarif-2.1.0.json"
 # GitHub rejects an upload with more results than this in one run.

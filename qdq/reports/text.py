@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from qdq.lint import LintReport, LintResult
-from qdq.rule import Finding, FixSafety, Severity
+from qdq.engine.lint import LintReport, LintResult
+from qdq.rewrite.rule import Finding, FixSafety, Severity
 
 
 def render(run: LintResult | LintReport, *, fail_on: Severity) -> str:

@@ -1,0 +1,4 @@
+"""Reading TensorRT engine JSON (`trtexec --exportLayerInfo`, `--exportProfile`) and comparing engines.
+
+May import: support, graph, quant, rewrite, checks, engine.
+"""

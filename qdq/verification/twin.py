@@ -1,0 +1,174 @@
+"""The float twin of a Q/DQ model: the float computation its quantization approximates.
+
+Every Q/DQ model carries its own float reference. Remove each activation's QuantizeLinear →
+DequantizeLinear pair (and an integer Clip between them) and keep the weights' and biases' DQs:
+what is left computes in float with the weights at their dequantized values. The quantization
+error the user already accepted is the model's distance from its twin; a fix is judged by how
+far it moves the model from that twin (`qdq.verification.verdict`), not by how far it moves it from itself.
+
+A Q whose range starts or ends at exactly zero keeps its clipping (a Clip in the twin): quantizers
+delete a Relu or Clip that such a Q makes redundant. The twin is built on the ONNX protobuf,
+external weights left where they are. It cannot be built
+for a model without activation Q/DQ pairs, or with quantization in ops whose float form qdq does
+not know (QDQ006's quantizers and integer kernels); `Twin.reason` says why.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import onnx
+from onnx import helper, numpy_helper
+
+from qdq.checks.coverage import describe, unread_ops
+from qdq.graph.ops import DEQUANTIZE, QDQ_DOMAINS, QUANTIZE
+from qdq.support import progress
+from qdq.verification.verify import Quantizers
+
+
+@dataclass
+class Twin:
+    """The twin model (None when it cannot be built, with the reason) and what it took."""
+
+    model: onnx.ModelProto | None
+    pairs: int  # activation Q → DQ pairs replaced by their float input
+    reason: str | None = None
+    # Activation tensors that a QuantizeLinear reads, with that Q: what the quantizers' ranges cover.
+    quantized: list[tuple[str, onnx.NodeProto]] = field(default_factory=list)
+    outputs: list[str] = field(default_factory=list)  # the model's own outputs, before any watched one
+    # Those of them the twin also outputs, to see how often random inputs saturate them (`qdq.verification.meant_inputs`).
+    watched: list[tuple[str, onnx.NodeProto]] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class _OpView:
+    """What QDQ006's lists match a node by."""
+
+    op: str
+    domain: str
+
+
+def float_twin(model: onnx.ModelProto, coverage: dict[str, Any], folder: Path | str = ".") -> Twin:
+    """The twin of `model` (not modified); `coverage` is QDQ006's parameters (the ops qdq does not read);
+    `folder` the model's, where its external data lies."""
+    graph = model.graph
+    quantizers, integers = unread_ops([_OpView(n.op_type, n.domain) for n in graph.node], coverage)
+    if quantizers or integers:
+        return Twin(None, 0, f"it quantizes in ops whose float form qdq does not know ({describe({**quantizers, **integers})})")
+    constant = _constant_names(graph)
+    producers = {name: node for node in graph.node for name in node.output if name}
+    quantized = [(node.input[0], node) for node in graph.node
+                 if _is(node, QUANTIZE) and node.input[0] not in constant]
+    replaced: dict[int, list[onnx.NodeProto]] = {}
+    ranges = Quantizers(graph, folder)
+    constants: list[onnx.TensorProto] = []
+    opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 1)
+    for position, node in enumerate(progress.each(graph.node, "building the float twin")):
+        if not _is(node, DEQUANTIZE) or len(node.input) < 2:
+            continue
+        source = producers.get(node.input[0])
+        if source is not None and source.op_type == "Clip" and source.domain in ("", "ai.onnx"):
+            source = producers.get(source.input[0])  # Q → integer Clip → DQ (reduced range, Brevitas QCDQ)
+        if source is None or not _is(source, QUANTIZE) or source.input[0] in constant:
+            continue
+        to = _output_type(node, ranges)
+        if to is None:
+            continue  # a scale computed at run time: the DQ's float type is unknown, keep the pair
+        replaced[position] = _float_form(source, node, to, ranges, constants, opset, producers)
+    if not replaced:
+        return Twin(None, 0, "it has no activation QuantizeLinear → DequantizeLinear pair", quantized)
+    twin = onnx.ModelProto()
+    twin.CopyFrom(model)
+    del twin.graph.node[:]
+    twin.graph.node.extend(made for i, node in enumerate(graph.node) for made in replaced.get(i, [node]))
+    twin.graph.initializer.extend(constants)
+    _drop_dead_nodes(twin.graph)
+    return Twin(twin, len(replaced), None, quantized, [o.name for o in graph.output])
+
+
+def _float_form(q: onnx.NodeProto, dq: onnx.NodeProto, to: int, ranges: Quantizers, constants: list,
+                opset: int, producers: dict[str, onnx.NodeProto]) -> list[onnx.NodeProto]:
+    """What stands for Q → DQ in the twin: the Q's float input, in the DQ's type.
+
+    A Q whose range starts or ends at exactly zero may stand for a Relu or Clip the quantizer
+    removed because the Q's saturation does its work (onnxruntime's quantizer deletes `Relu → Q`
+    and `Clip → Q` so, `IsClipMadeRedundantByQ`): such a Q keeps its clipping in the twin, or the
+    twin would compute a different network (a hard-swish without its Clip grows without bound).
+    Where an op that already bounds its output feeds the Q (a Relu, Clip, Sigmoid), nothing was
+    removed, and the twin does not clip.
+    """
+    name = dq.name or dq.output[0]
+    cast = helper.make_node("Cast", [q.input[0]], [dq.output[0]], name=f"{name}_twin", to=to)
+    bounds = ranges.range_of_node(q, q.input[0], ())
+    if bounds is None or not (float(bounds[0]) == 0.0 or float(bounds[1]) == 0.0) or _one_sided(q.input[0], producers):
+        return [cast]
+    low, high = (float(b) for b in bounds)
+    cast.output[0] = f"{dq.output[0]}_twin_unclipped"
+    if opset < 11:
+        return [cast, helper.make_node("Clip", [cast.output[0]], [dq.output[0]], name=f"{name}_twin_clip",
+                                       min=low, max=high)]
+    dtype = helper.tensor_dtype_to_np_dtype(to)
+    names = [f"{dq.output[0]}_twin_min", f"{dq.output[0]}_twin_max"]
+    constants += [numpy_helper.from_array(np.asarray(value, dtype=dtype), n) for value, n in zip((low, high), names)]
+    return [cast, helper.make_node("Clip", [cast.output[0], *names], [dq.output[0]], name=f"{name}_twin_clip")]
+
+
+# Ops whose output is already bounded on the side a Q with a zero end would clip.
+_BOUNDED = frozenset({"Relu", "Clip", "Sigmoid", "HardSigmoid", "Softmax", "Abs"})
+
+
+def _one_sided(name: str, producers: dict[str, onnx.NodeProto]) -> bool:
+    node = producers.get(name)
+    return node is not None and node.op_type in _BOUNDED
+
+
+def _is(node: onnx.NodeProto, op: str) -> bool:
+    return node.op_type == op and node.domain in QDQ_DOMAINS
+
+
+def _constant_names(graph: onnx.GraphProto) -> set[str]:
+    """Tensors only constants make: initializers, Constant nodes, and nodes all of whose inputs are such."""
+    known = {t.name for t in graph.initializer}
+    for node in graph.node:  # the graph is in topological order
+        inputs = [name for name in node.input if name]
+        if node.op_type == "Constant" or (inputs and all(name in known for name in inputs)):
+            known.update(name for name in node.output if name)
+    return known
+
+
+def _output_type(dq: onnx.NodeProto, ranges: Quantizers) -> int | None:
+    """The float type a DequantizeLinear writes: its `output_dtype` (opset 23), else its scale's type."""
+    declared = next((a.i for a in dq.attribute if a.name == "output_dtype"), 0)
+    scale = ranges.constant(dq.input[1]) if not declared else None
+    return declared or (scale[1] if scale is not None else None)
+
+
+def _drop_dead_nodes(graph: onnx.GraphProto) -> None:
+    """Remove the nodes nothing reads any more (the bypassed Qs and Clips), so the twin computes no integers."""
+    while True:
+        progress.step("building the float twin")
+        read = {name for node in graph.node for name in node.input} | {o.name for o in graph.output}
+        read |= {name for node in graph.node for attr in node.attribute for sub in _subgraphs(attr)
+                 for name in _outer_names(sub)}
+        keep = [node for node in graph.node if any(name in read for name in node.output if name)]
+        if len(keep) == len(graph.node):
+            return
+        del graph.node[:]
+        graph.node.extend(keep)
+
+
+def _subgraphs(attr: onnx.AttributeProto) -> list[onnx.GraphProto]:
+    return [attr.g] if attr.type == onnx.AttributeProto.GRAPH else list(attr.graphs)
+
+
+def _outer_names(graph: onnx.GraphProto) -> set[str]:
+    """Names a subgraph reads (some from the graph around it)."""
+    names = {name for node in graph.node for name in node.input}
+    for node in graph.node:
+        for attr in node.attribute:
+            for sub in _subgraphs(attr):
+                names |= _outer_names(sub)
+    return names
