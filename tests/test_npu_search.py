@@ -15,12 +15,12 @@ from cli_run import qdq
 from float_reference import float_error
 from npu_constraints import check
 
+from qdq.engine import exponent_search
 from qdq.engine.fix import fix
 from qdq.engine.ruleset import load_rules_file, load_target
 from qdq.graph.model import load_model
 from qdq.quant.calibrate import tensor_ranges
 from qdq.support.errors import RuleSetError
-from qdq.trt import exponent_search
 from qdq.verification.verify import load_samples
 
 CORPUS = Path(__file__).parent / "corpus"
