@@ -46,7 +46,7 @@ def test_an_error_in_the_work_reaches_the_caller():
 @pytest.mark.skipif(sys.platform == "win32", reason="SIGINT to a child process")
 def test_ctrl_c_answers_within_a_second_while_native_work_runs():
     script = ("import time, sys\n"
-              "from qdq import runtime\n"
+              "from qdq.support import runtime\n"
               "print('waiting', flush=True)\n"
               "try:\n"
               "    runtime.background(lambda: time.sleep(60), 'building')\n"
