@@ -226,6 +226,21 @@ def test_a_scale_behind_a_clip_of_stored_integers_is_not_moved_alone(tmp_path):
     assert [f["code"] for f in run.json()["remaining"] if f["severity"] != "info"] == ["QDQ504"]
 
 
+def test_lint_marks_clipped_weights_fixable_as_fix_fixes_them(tmp_path):
+    """Lint said "no automatic fix" for QDQ502 and QDQ504 on Brevitas's clipped per-channel
+    weights, then `qdq fix` fixed both after QDQ509's fold. Lint answers for the fold too: the
+    findings are fixable with QDQ509 on, and not with it off (the fix then leaves them)."""
+    model = load_model(clipped_weight(np.array([0.0037, 0.002, 0.0051])).save(tmp_path / "in.onnx"))
+    npu = load_target("npu")
+    wanted = {"QDQ502", "QDQ504"}
+
+    def on_the_weight(ruleset) -> dict[str, object]:
+        return {f.code: f.fix for f in lint(model, ruleset).findings if f.code in wanted and "w_clip" in str(f.tensors)}
+
+    assert on_the_weight(npu).keys() == wanted and None not in on_the_weight(npu).values()
+    assert on_the_weight(npu.narrowed(ignore=["QDQ509"])) == {code: None for code in wanted}
+
+
 def test_clipped_stored_integers_are_a_weight(tmp_path):
     """Issue 39: for onnxruntime (no QDQ509 in its rule set) Brevitas's per-channel weights behind
     their Clip were read as activations: "activation ... is quantized per axis" (QDQ502) and int8

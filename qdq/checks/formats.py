@@ -206,7 +206,7 @@ def _integers_internal(ctx: CheckContext, qt: QTensor, zero_point_moves: bool = 
     """Whether a value's integers may take a new grid: nothing but its own Q, DQs and stored
     integers writes or reads them (`set_params` refuses the others), once QDQ509 has folded the
     integer Clips it folds."""
-    going = folded_clips(ctx, qt) if zero_point_moves else ()
+    going = folded_clips(ctx, qt)
     return why_grid_is_fixed(ctx, qt, going, zero_point_moves=zero_point_moves) is None
 
 

@@ -84,8 +84,7 @@ class ReducedRangeQuantizer(Rule):
                 qtype = ctx.index.params(qt.dequantizes[0]).qtype
                 low, high = _integer_range(ctx, clips, qtype)
                 yield self.finding(
-                    ctx, clips[-1], [ctx.value_name(qt)], subject=(qt, clips, None),
-                    fixable=low is not None and high is not None and not ctx.index.is_graph_output(qt.integer),
+                    ctx, clips[-1], [ctx.value_name(qt)], subject=(qt, clips, None), fixable=_constant_folds(ctx, qt, clips),
                     clip=", ".join(mention(c) for c in clips), quantize=f"the stored {stored.name}",
                     dtype=qtype.name, low=_text(low), high=_text(high),
                 )
@@ -131,6 +130,13 @@ def _clipped_constant(qt: QTensor) -> tuple[list[ir.Node], ir.Tensor | None]:
     clips, tensor = clipped_integers(qt.integer)
     source = resolve_constant(tensor) if clips else None
     return (clips, tensor) if source is not None else ([], None)
+
+
+def _constant_folds(ctx: CheckContext, qt: QTensor, clips: list[ir.Node]) -> bool:
+    """Whether the fix folds the Clips of stored integers into a constant: their bounds are known and
+    the integers are not a graph output."""
+    low, high = _integer_range(ctx, clips, ctx.index.params(qt.dequantizes[0]).qtype)
+    return low is not None and high is not None and not ctx.index.is_graph_output(qt.integer)
 
 
 def _fold_clipped_constant(ctx: FixContext, qt: QTensor, clips: list[ir.Node], finding: Finding,
@@ -215,6 +221,9 @@ def folded_clips(ctx: CheckContext, qt: QTensor) -> list[ir.Node]:
     first in the rule sets): a rule that moves the zero-point is judged on the value after the fold."""
     if ReducedRangeQuantizer.code not in ctx.enabled:
         return []
+    clips, _ = _clipped_constant(qt)
+    if clips:  # stored integers → Clip → DQ (Brevitas)
+        return clips if _constant_folds(ctx, qt, clips) else []
     if qt.quantize is None:  # the DQs after a Clip: find the Q before it
         tensor = qt.integer
         while tensor.inputs and tensor.inputs[0].op == "Clip" and tensor.inputs[0].inputs:

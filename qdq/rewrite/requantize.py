@@ -144,7 +144,7 @@ def why_grid_is_fixed(ctx: CheckContext, qt: QTensor, going: Sequence[ir.Node] =
     if qt.quantize is None and (producer is None or holds(producer)):
         return f"its integers come from {mention(producer)} ({producer.op})" if producer is not None \
             else "its integers come from outside the Q/DQ nodes"
-    if qt.quantize is None and producer is not None and producer.op == "Clip":
+    if qt.quantize is None and producer is not None and producer.op == "Clip" and not any(producer is g for g in going):
         source = _clipped_source(producer)
         if source is not None:  # Brevitas's weights: a new scale would leave them as they are
             return f"its integers are {source} through Clip {mention(producer)} (QDQ509 folds it)"
