@@ -46,6 +46,9 @@ def test_wheel_contents(wheel: Path) -> None:
     with zipfile.ZipFile(wheel) as archive:
         names = archive.namelist()
         assert "qdq/cli.py" in names and "qdq/__main__.py" in names
+        package = Path(__file__).resolve().parent.parent / "qdq"
+        sources = {f"qdq/{p.relative_to(package).as_posix()}" for p in package.rglob("*.py") if "__pycache__" not in p.parts}
+        assert sources - set(names) == set(), "modules of the checkout the wheel leaves out (pyproject's package list)"
         assert {"qdq/rules/common.toml", "qdq/rules/npu.toml", "qdq/rules/trt.toml", "qdq/rules/ort.toml"} <= set(names)
         assets = {"dagre.min.js", "dagre.LICENSE", "README.md", "graph.js", "engine_view.js", "onnx_view.js"}
         assert {f"qdq/reports/assets/{name}" for name in assets} <= set(names)  # the HTML reports inline them
