@@ -43,8 +43,8 @@ from qdq.pieces import PieceFailed, Pieces, element_types, joined, uncuttable
 from qdq.ruleset import RuleSet
 from qdq.twin import Twin, float_twin
 from qdq.verify import (
-    CandidateFailed, OutputComparison, Quantizers, UnfeedableInput, VerifyResult, as_array, cannot_load, check_same_outputs,
-    check_same_shape, compare_arrays,
+    CandidateFailed, OutputComparison, Quantizers, UnfeedableInput, VerifyResult, as_array, cannot_load,
+    check_same_outputs, check_same_shape, compare_arrays,
 )
 
 log = logging.getLogger("qdq")
@@ -292,8 +292,8 @@ class _Runs:
 
 
 # How many of the deepest quantized tensors the verdict judges besides the outputs: enough to see
-# the head of a network, few enough to hold in memory for every sample (benchmarks/trained.py measured
-# 4 to 32; docs/verification.md).
+# the head of a network, few enough to hold in memory for every sample (4 to 32 measured on the
+# trained corpus: docs/benchmarks.md).
 _DEEPEST = 16
 
 

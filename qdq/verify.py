@@ -232,8 +232,9 @@ class RandomInputs:
             elif (rows := _index_rows(self.graph, value.name)) and elem_type != TensorProto.BOOL:
                 log.debug("input %r: uniform over the %d rows of the table it indexes", value.name, rows)
                 feeds[value.name] = rng.integers(0, rows, size=shape).astype(dtype)
-            elif (classes := _compared_values(self.graph, value.name)) is not None and elem_type != TensorProto.BOOL:
-                log.debug("input %r: uniform over [%d, %d], the values a one-hot compares it with", value.name, *classes)
+            elif elem_type != TensorProto.BOOL and (classes := _compared_values(self.graph, value.name)) is not None:
+                log.debug("input %r: uniform over [%d, %d], the values a one-hot compares it with",
+                          value.name, *classes)
                 feeds[value.name] = rng.integers(classes[0], classes[1] + 1, size=shape).astype(dtype)
             else:
                 feeds[value.name] = np.zeros(shape, dtype=dtype)
