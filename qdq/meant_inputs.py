@@ -44,8 +44,9 @@ def meant_inputs(reference: Path, candidate: Path, twin: Twin, probe: Pieces | N
                  shapes: dict | None) -> tuple[list[dict[str, np.ndarray]], str, dict[str, np.ndarray] | None]:
     """`criterion.samples` feeds, their label for the report, and the twin's outputs on them when it ran
     them (`probe`, the twin ready to run, chooses the amplitude and computes them: one twin run, not two)."""
-    opened = {name: size for name, size in open_image_sizes(reference).items() if name not in (shapes or {})}
-    drawn = RandomInputs(reference, {**opened, **(shapes or {})}, range_from=candidate)
+    drawn = RandomInputs(reference, shapes, range_from=candidate)
+    opened = {name: size for name, size in open_image_sizes(drawn.graph).items() if name not in drawn.shapes}
+    drawn.shapes.update(opened)
     sized = "".join(f", {name} {'×'.join(map(str, size))}" for name, size in opened.items())
 
     def draw(amplitude: float, first: int, count: int) -> list[dict[str, np.ndarray]]:
@@ -72,10 +73,9 @@ def meant_inputs(reference: Path, candidate: Path, twin: Twin, probe: Pieces | N
     return samples, label, _twin_outputs(probe, reference, twin.outputs, samples)
 
 
-def open_image_sizes(path: Path) -> dict[str, tuple[int, ...]]:
+def open_image_sizes(graph: onnx.GraphProto) -> dict[str, tuple[int, ...]]:
     """Shapes for the image-like inputs (rank 4, float, channels known) whose height or width is open:
     batch 1, and each open side the network's total stride (at least `_MIN_SIDE`)."""
-    graph = onnx.load(str(path), load_external_data=False).graph
     initialized = {t.name for t in graph.initializer}
     sizes = {}
     for value in graph.input:
