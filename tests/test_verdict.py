@@ -250,3 +250,70 @@ def test_an_exact_claim_is_held_to_the_integers_not_only_to_the_outputs(tmp_path
     assert result.identical and all(o.evidence for o in result.outputs)  # the outputs alone would pass
     assert result.integers == ["mid_q_out"]
     assert result.passed is exact and (result.integers_differing == []) is exact
+
+
+# --- what the outputs cannot see -----------------------------------------------------------------
+
+
+def quiet_head(path: Path, hidden_scale: float) -> Path:
+    """x → Q/DQ → Conv → Relu → Q/DQ(hidden_scale) → pool → a softmax whose bias makes class 0 certain:
+    on any input the output is almost [1, 0, 0], as a recognizer's is 'blank' on noise."""
+    b = GraphBuilder(opset=13)
+    x = b.qdq(b.input("x", [1, 4, 16, 16]), 0.02)
+    relu = b.node("Relu", [b.node("Conv", [x, b.weight("w", W, 0.01)], name="conv", pads=[1, 1, 1, 1])], name="relu")
+    hidden = b.qdq(relu, hidden_scale, 0, np.uint8, name="h")
+    pooled = b.node("Flatten", [b.node("GlobalAveragePool", [hidden], name="pool")], name="flat")
+    head = (RNG.standard_normal((8, 3)) * 0.5).astype(np.float32)
+    logits = b.node("Add", [b.node("MatMul", [pooled, b.init("head", head)], name="mm"),
+                            b.init("bias", np.array([9.0, 0.0, 0.0], np.float32))], name="logits")
+    b.node("Softmax", [logits], ["y"], name="softmax", axis=1)
+    b.output("y", [1, 3])
+    return b.save(path)
+
+
+def test_a_nearly_constant_output_does_not_hide_a_broken_layer(tmp_path):
+    """A hidden quantizer 16 times coarser barely moves a certain softmax (within epsilon of the twin),
+    and leaves the layer it quantizes far from its float computation: the deepest tensors refuse it."""
+    fine, coarse = quiet_head(tmp_path / "fine.onnx", 0.02), quiet_head(tmp_path / "coarse.onnx", 0.32)
+    run_ = qdq("verify", fine, coarse, "--target", "npu", "--format", "json")
+    document = run_.json()
+    (o,) = document["outputs"]
+    network = document["network"]
+    assert o["passed"] and o["candidate_to_twin"] < 0.03, o  # the output alone would pass it
+    assert not network["passed"] and network["candidate_to_twin"] > network["allowed"], network
+    assert network["name"] == "deepest 2 quantized tensors"
+    assert run_.code == 1 and not document["passed"]
+    same = qdq("verify", fine, fine, "--target", "npu", "--format", "json").json()
+    assert same["passed"] and same["network"]["candidate_to_twin"] == same["network"]["input_to_twin"]
+
+
+def test_open_image_sides_get_the_networks_stride(tmp_path):
+    """Two stride-4 convolutions shrink a side 16 times: an open height and width become 16, not 1."""
+    from qdq.verification.meant_inputs import open_image_sizes
+
+    b = GraphBuilder(opset=13)
+    x = b.qdq(b.input("x", [1, 4, 16, 16]), 0.02)
+    w = b.weight("w", W[:4], 0.01)
+    y = b.node("Conv", [b.node("Conv", [x, w], name="c1", strides=[4, 4]), w], name="c2", strides=[4, 4])
+    b.node("Identity", [b.node("Conv", [y, w], name="c3", strides=[1, 1])], ["y"], name="out")
+    b.output("y", [1, 4, 1, 1])
+    path = b.save(tmp_path / "m.onnx")
+    model = onnx.load(str(path))
+    for dim in model.graph.input[0].type.tensor_type.shape.dim[2:]:
+        dim.dim_param = "side"
+    assert open_image_sizes(model.graph) == {"x": (1, 4, 16, 16)}
+    assert open_image_sizes(onnx.load(str(path)).graph) == {}  # a fixed size is the model's own
+
+
+def test_a_one_hot_input_is_drawn_over_its_classes(tmp_path):
+    """An integer input a one-hot compares with 0..256 (magika's bytes): drawn over those, not all zero."""
+    from qdq.verification.verify import RandomInputs
+
+    b = GraphBuilder(opset=13)
+    codes = b.node("Reshape", [b.input("bytes", [1, 64], TensorProto.INT32), b.init("shape", np.array([1, 64, 1]))],
+                   name="reshape")
+    hot = b.node("Equal", [codes, b.init("classes", np.arange(257, dtype=np.int32).reshape(1, 1, 257))], name="eq")
+    b.node("Cast", [hot], ["y"], name="cast", to=TensorProto.FLOAT)
+    b.output("y", [1, 64, 257])
+    drawn = RandomInputs(b.save(tmp_path / "m.onnx")).draw(0)["bytes"]
+    assert drawn.min() >= 0 and drawn.max() <= 256 and len(np.unique(drawn)) > 32

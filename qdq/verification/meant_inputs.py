@@ -8,6 +8,12 @@ each activation QuantizeLinear's range is where calibration found the data. So t
 smooth for image-like tensors (as pictures are) and drawn at the largest amplitude, halving from
 the full input range, at which the activation quantizers of the float twin saturate on at most
 `max_saturation` of their values on average. Without a twin, the input range is used whole.
+
+An image-like input whose height and width are left open is drawn at the smallest square size on
+which the network's deepest feature map still has a cell: its convolutions' and poolings'
+strides multiplied along the way (PP-OCR's recognizer 48, its detector 32). One pixel, the size
+an open dimension otherwise gets, leaves a text detector's map all zero and a recognizer's
+softmax all 'blank': outputs that tell nothing about a fix.
 """
 
 from __future__ import annotations
@@ -29,6 +35,9 @@ log = logging.getLogger("qdq")
 _AMPLITUDES = (1.0, 0.5, 0.25, 0.125, 0.0625)
 # Quantized tensors watched for saturation: enough to see the network, few enough to keep memory small.
 _MAX_WATCHED = 256
+# Ops whose `strides` shrink the feature map; the smallest side an open image size gets.
+_STRIDED = frozenset({"Conv", "ConvInteger", "QLinearConv", "MaxPool", "AveragePool", "LpPool"})
+_MIN_SIDE = 8
 
 
 def meant_inputs(reference: Path, candidate: Path, twin: Twin, probe: Pieces | None, criterion, seed: int,
@@ -36,13 +45,16 @@ def meant_inputs(reference: Path, candidate: Path, twin: Twin, probe: Pieces | N
     """`criterion.samples` feeds, their label for the report, and the twin's outputs on them when it ran
     them (`probe`, the twin ready to run, chooses the amplitude and computes them: one twin run, not two)."""
     drawn = RandomInputs(reference, shapes, range_from=candidate)
+    opened = {name: size for name, size in open_image_sizes(drawn.graph).items() if name not in drawn.shapes}
+    drawn.shapes.update(opened)
+    sized = "".join(f", {name} {'×'.join(map(str, size))}" for name, size in opened.items())
 
     def draw(amplitude: float, first: int, count: int) -> list[dict[str, np.ndarray]]:
         return [drawn.draw(first + i, amplitude, smooth=probe is not None) for i in range(count)]
 
     count = criterion.samples
     if probe is None or not twin.watched:
-        return draw(1.0, seed, count), f"random (seed {seed}, {count} sample(s))", None
+        return draw(1.0, seed, count), f"random (seed {seed}, {count} sample(s){sized})", None
     watched = twin.watched
     ranges = Quantizers(twin.model.graph, reference.parent)
     chosen = _AMPLITUDES[-1]
@@ -56,9 +68,47 @@ def meant_inputs(reference: Path, candidate: Path, twin: Twin, probe: Pieces | N
     share = "the whole input range" if chosen == 1.0 else f"{chosen:g} of the input range"
     rarely = ("the model's quantizers saturate rarely" if saturation <= criterion.max_saturation else
               f"even so {100 * saturation:.1f} % of quantized values saturate")
-    label = f"random (seed {seed}, {count} sample(s), smooth, over {share}: {rarely})"
+    label = f"random (seed {seed}, {count} sample(s){sized}, smooth, over {share}: {rarely})"
     samples = draw(chosen, seed, count)
     return samples, label, _twin_outputs(probe, reference, twin.outputs, samples)
+
+
+def open_image_sizes(graph: onnx.GraphProto) -> dict[str, tuple[int, ...]]:
+    """Shapes for the image-like inputs (rank 4, float, channels known) whose height or width is open:
+    batch 1, and each open side the network's total stride (at least `_MIN_SIDE`)."""
+    initialized = {t.name for t in graph.initializer}
+    sizes = {}
+    for value in graph.input:
+        kind = value.type.tensor_type
+        dims = list(kind.shape.dim)
+        if value.name in initialized or len(dims) != 4 or kind.elem_type not in _FLOATS:
+            continue
+        fixed = [d.dim_value if d.HasField("dim_value") and d.dim_value > 0 else 0 for d in dims]
+        if not fixed[1] or all(fixed[2:]):
+            continue
+        side = max(_MIN_SIDE, *_total_strides(graph, value.name))
+        sizes[value.name] = (fixed[0] or 1, fixed[1], fixed[2] or side, fixed[3] or side)
+    return sizes
+
+
+_FLOATS = frozenset({onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16, onnx.TensorProto.BFLOAT16,
+                     onnx.TensorProto.DOUBLE})
+
+
+def _total_strides(graph: onnx.GraphProto, name: str) -> tuple[int, int]:
+    """The largest product of 2-D strides on any path from `name`: how much the network shrinks the
+    input's height and width (in graph order, which is topological)."""
+    reached = {name: (1, 1)}
+    for node in graph.node:
+        seen = [reached[i] for i in node.input if i in reached]
+        if not seen:
+            continue
+        height, width = max(s[0] for s in seen), max(s[1] for s in seen)
+        strides = next((list(a.ints) for a in node.attribute if a.name == "strides"), [])
+        if node.op_type in _STRIDED and len(strides) == 2:
+            height, width = height * strides[0], width * strides[1]
+        reached.update((o, (height, width)) for o in node.output if o)
+    return max(h for h, _ in reached.values()), max(w for _, w in reached.values())
 
 
 def watch(twin: Twin) -> None:

@@ -41,6 +41,9 @@ class Twin:
     outputs: list[str] = field(default_factory=list)  # the model's own outputs, before any watched one
     # Those of them the twin also outputs, to see how often random inputs saturate them (`qdq.verification.meant_inputs`).
     watched: list[tuple[str, onnx.NodeProto]] = field(default_factory=list)
+    # The replaced pairs' DequantizeLinear outputs, in graph order: tensors the model computes quantized and
+    # the twin in float, under the same name (the verdict judges the deepest of them).
+    dequantized: list[str] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -86,7 +89,8 @@ def float_twin(model: onnx.ModelProto, coverage: dict[str, Any], folder: Path | 
     twin.graph.node.extend(made for i, node in enumerate(graph.node) for made in replaced.get(i, [node]))
     twin.graph.initializer.extend(constants)
     _drop_dead_nodes(twin.graph)
-    return Twin(twin, len(replaced), None, quantized, [o.name for o in graph.output])
+    dequantized = [graph.node[i].output[0] for i in sorted(replaced)]
+    return Twin(twin, len(replaced), None, quantized, [o.name for o in graph.output], dequantized=dequantized)
 
 
 def _float_form(q: onnx.NodeProto, dq: onnx.NodeProto, to: int, ranges: Quantizers, constants: list,

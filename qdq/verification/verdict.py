@@ -43,8 +43,8 @@ from qdq.verification.meant_inputs import meant_inputs, watch
 from qdq.verification.pieces import PieceFailed, Pieces, element_types, joined, uncuttable
 from qdq.verification.twin import Twin, float_twin
 from qdq.verification.verify import (
-    CandidateFailed, Quantizers, UnfeedableInput, VerifyResult, as_array, cannot_load, check_same_outputs,
-    check_same_shape, compare_arrays,
+    CandidateFailed, OutputComparison, Quantizers, UnfeedableInput, VerifyResult, as_array, cannot_load,
+    check_same_outputs, check_same_shape, compare_arrays,
 )
 
 log = logging.getLogger("qdq")
@@ -122,13 +122,14 @@ def judge(
     if twin.model is not None and samples is None:
         watch(twin)  # the twin also outputs what its quantizers read: random inputs are chosen on it
     observe = (criterion, samples, inputs_label, seed, shapes)
+    deep = _deepest(proto, fixed, twin) if twin.model is not None and not optimized else []
     runtime = "onnxruntime, default optimisations" if optimized else "onnxruntime, optimisations off"
     try:
-        runs = _Runs(reference, proto, candidate, fixed, twin, optimized, exact)
+        runs = _Runs(reference, proto, candidate, fixed, twin, optimized, exact, deep)
         samples, inputs_label, (ref_out, cand_out, twin_out) = _observe(runs, *observe)
     except _OptimizedRefused as refused:  # the input itself does not run as users run it: judge what the file says
         runtime = f"onnxruntime, optimisations off (the input model fails with its default optimisations: {refused})"
-        runs = _Runs(reference, proto, candidate, fixed, twin, False, exact)
+        runs = _Runs(reference, proto, candidate, fixed, twin, False, exact, deep)
         samples, inputs_label, (ref_out, cand_out, twin_out) = _observe(runs, *observe)
     result = VerifyResult(
         reference=str(reference), candidate=str(candidate), inputs=inputs_label, atol=criterion.atol,
@@ -141,8 +142,8 @@ def judge(
     if exact:
         result.integers = sorted(runs.integers)
         result.integers_differing = [name for name in result.integers if not runs.same_integers(name)]
-    for name, a in ref_out.items():
-        b = cand_out[name]
+    for name in runs.output_names:
+        a, b = ref_out[name], cand_out[name]
         check_same_shape(name, a, b, reference, candidate)
         row = compare_arrays(name, a, b, criterion.atol, criterion.rtol, criterion.min_sqnr)
         basis = twin_out[name] if twin_out is not None else a
@@ -161,7 +162,30 @@ def judge(
         gates = exact or row.passed  # the user's --atol/--rtol/--min-sqnr; an exact claim is held to identity alone
         row.passed = gates and row.evidence and held
         result.outputs.append(row)
+    if runs.deep and twin_out is not None:
+        result.network = _network(runs.deep, ref_out, cand_out, twin_out, len(samples), criterion)
     return result
+
+
+def _network(names: list[str], ref_out: dict, cand_out: dict, twin_out: dict, samples: int,
+             criterion: Criterion) -> OutputComparison | None:
+    """The network's deepest quantized tensors judged as one output: each scaled by its twin value's norm
+    and all joined, so the row's distance from the twin is the root mean square of theirs. A fix that
+    breaks a layer shows here even where the outputs barely move on the inputs used (a recognizer's
+    softmax on noise is mostly 'blank'). Tensors without evidence on these inputs are left out."""
+    told = [n for n in names if _evidence(n, ref_out, twin_out, samples)]
+    if not told:
+        return None
+    scale = {n: 1.0 / float(np.linalg.norm(twin_out[n].astype(np.float64))) for n in told}
+    a, b, t = (np.concatenate([values[n].astype(np.float64).ravel() * scale[n] for n in told])
+               for values in (ref_out, cand_out, twin_out))
+    row = compare_arrays(f"deepest {len(told)} quantized tensors", a, b, math.inf, 0.0, None)
+    row.shape = (len(told),)
+    row.input_to_twin, row.candidate_to_twin = _distance(a, t), _distance(b, t)
+    row.allowed = row.input_to_twin * (1 + criterion.margin) + criterion.epsilon
+    row.passed = row.candidate_to_twin <= row.allowed
+    row.verdict_failure = "" if row.passed else "further from the float twin"
+    return row
 
 
 def _observe(runs: _Runs, criterion: Criterion, samples: list | None, label: str, seed: int, shapes: dict | None):
@@ -172,7 +196,7 @@ def _observe(runs: _Runs, criterion: Criterion, samples: list | None, label: str
     for chosen, probe, first in ((runs.twin, runs.twin_pieces, seed), (Twin(None, 0), None, seed + 1)):
         samples, label, twin_out = meant_inputs(runs.reference, runs.candidate, chosen, probe, criterion, first, shapes)
         outputs = runs.outputs(samples, label, twin_out)
-        if all(_evidence(name, outputs[0], outputs[2], len(samples)) for name in outputs[0]):
+        if all(_evidence(name, outputs[0], outputs[2], len(samples)) for name in runs.output_names):
             break
         log.info("the reference's outputs carry no information on %s; trying the input range whole", label)
     return samples, label, outputs
@@ -183,10 +207,12 @@ class _Runs:
     model's changed region (`qdq.verification.change`) fed with the input's values at its boundary, and the float twin."""
 
     def __init__(self, reference: Path, proto: onnx.ModelProto, candidate: Path, fixed: onnx.ModelProto,
-                 twin: Twin, optimized: bool, exact: bool):
+                 twin: Twin, optimized: bool, exact: bool, deep: list[str]):
         self.reference, self.candidate, self.twin, self.optimized = reference, candidate, twin, optimized
-        self.output_names = [o.name for o in proto.graph.output]
-        check_same_outputs(reference, candidate, self.output_names, [o.name for o in fixed.graph.output])
+        self.deep = deep
+        self.output_names = [o.name for o in proto.graph.output if o.name not in deep]
+        check_same_outputs(reference, candidate, self.output_names,
+                           [o.name for o in fixed.graph.output if o.name not in deep])
         types = element_types(proto)  # the twin's and the region's tensors are the input's, where they have its names
         progress.step("finding what the fix changed")
         cut = not optimized and not uncuttable(proto, types) and not uncuttable(fixed)
@@ -210,7 +236,7 @@ class _Runs:
     def outputs(self, samples: list[dict], label: str, twin_out: dict | None = None) -> tuple[dict, dict, dict | None]:
         """Each model's outputs by name over all samples: the input's, the candidate's, the twin's
         (`twin_out` when the caller has them). The input runs first: when it fails, the input is at fault."""
-        names = self.output_names
+        names = self.output_names + self.deep
         integers = self.integer_names
         ref_runs = self._run(self.reference_pieces, samples, names + self.region.boundary + integers, 0, label)
         cand_runs = [{name: run[name] for name in self.region.unchanged_outputs} for run in ref_runs]
@@ -263,6 +289,27 @@ class _Runs:
                     from None
             raise QdqError(f"{path}: onnxruntime cannot {'load' if failed.building else 'run'} its float twin "
                            f"({failed.detail}); this is a bug in qdq") from None
+
+
+# How many of the deepest quantized tensors the verdict judges besides the outputs: enough to see
+# the head of a network, few enough to hold in memory for every sample (4 to 32 measured on the
+# trained corpus: docs/benchmarks.md).
+_DEEPEST = 16
+
+
+def _deepest(proto: onnx.ModelProto, fixed: onnx.ModelProto, twin: Twin) -> list[str]:
+    """The last `_DEEPEST` tensors, in graph order, that the input model dequantizes from an activation
+    quantizer, the twin computes in float and the fixed model computes too (by name): they become extra
+    outputs of all three models. Not with onnxruntime's optimisations: an internal tensor read out
+    keeps onnxruntime from fusing its node unit, and the fused kernels are what is judged there."""
+    computed = {name for node in fixed.graph.node for name in node.output}
+    outputs = {o.name for o in proto.graph.output}
+    deep = [name for name in twin.dequantized if name in computed and name not in outputs][-_DEEPEST:]
+    for model in (proto, fixed, twin.model):
+        declared = {o.name for o in model.graph.output}
+        model.graph.output.extend(onnx.ValueInfoProto(name=name) for name in deep if name not in declared)
+    twin.outputs += [name for name in deep if name not in twin.outputs]
+    return deep
 
 
 def _grid(q: onnx.NodeProto, quantizers: Quantizers) -> tuple[np.ndarray, np.ndarray] | None:

@@ -121,10 +121,18 @@ class VerifyResult:
     # A change that claims to be exact: the quantized tensors compared as integers, and those that differ.
     integers: list[str] = field(default_factory=list)
     integers_differing: list[str] = field(default_factory=list)
+    # The network's deepest quantized tensors, judged as one more output (`qdq.verification.verdict`); None when not judged.
+    network: OutputComparison | None = None
+
+    @property
+    def judged(self) -> list[OutputComparison]:
+        """The rows the verdict rests on: every output, and the network's deepest tensors when judged. An
+        output without evidence still fails: tensors upstream of it cannot say what it would have done."""
+        return self.outputs + ([self.network] if self.network is not None else [])
 
     @property
     def passed(self) -> bool:
-        return all(o.passed for o in self.outputs) and not self.integers_differing
+        return all(o.passed for o in self.judged) and not self.integers_differing
 
     @property
     def identical(self) -> bool:
@@ -144,6 +152,7 @@ class VerifyResult:
             "passed": self.passed,
             "identical": self.identical,
             "outputs": [o.to_dict() for o in self.outputs],
+            "network": self.network.to_dict() if self.network is not None else None,
             "integers": {"compared": self.integers, "differing": self.integers_differing},
         }
 
@@ -170,7 +179,8 @@ class RandomInputs:
     Dynamic dimensions become 1 unless `shapes` gives the input's shape. A float input that a
     QuantizeLinear reads is sampled uniformly over the float range that Q represents; other float
     inputs are standard normal. An integer input that indexes a Gather of a constant table (token
-    ids) is uniform over the table's rows; other integer inputs are zeros and bool inputs False
+    ids) is uniform over the table's rows, one that a one-hot compares with a constant (magika's bytes)
+    over the constant's values; other integer inputs are zeros and bool inputs False
     (random bits in a mask or a shape would change what the model computes). `range_from` is a
     second model to take that Q range from when this model's input has no Q (a float reference
     compared with its quantized candidate). An input of another type, without a shape, or too
@@ -222,6 +232,10 @@ class RandomInputs:
             elif (rows := _index_rows(self.graph, value.name)) and elem_type != TensorProto.BOOL:
                 log.debug("input %r: uniform over the %d rows of the table it indexes", value.name, rows)
                 feeds[value.name] = rng.integers(0, rows, size=shape).astype(dtype)
+            elif elem_type != TensorProto.BOOL and (classes := _compared_values(self.graph, value.name)) is not None:
+                log.debug("input %r: uniform over [%d, %d], the values a one-hot compares it with",
+                          value.name, *classes)
+                feeds[value.name] = rng.integers(classes[0], classes[1] + 1, size=shape).astype(dtype)
             else:
                 feeds[value.name] = np.zeros(shape, dtype=dtype)
         return feeds
@@ -266,6 +280,33 @@ def _index_rows(graph: onnx.GraphProto, name: str) -> int:
             if -len(table) <= axis < len(table) and table[axis] > 0:
                 rows.append(table[axis])
     return min(rows, default=0)
+
+
+# Ops that move or repeat an input's values without computing new ones.
+_CARRIERS = frozenset({"Reshape", "Expand", "Unsqueeze", "Squeeze", "Flatten", "Transpose", "Identity", "Cast"})
+
+
+def _compared_values(graph: onnx.GraphProto, name: str) -> tuple[int, int] | None:
+    """The range of the integer constant that `name` (or a reshaped copy of it) is compared with by an
+    Equal: the classes of a one-hot (magika's bytes, 0-256). None when it is compared with none."""
+    constants = {t.name: t for t in graph.initializer}
+    constants |= {n.output[0]: a.t for n in graph.node if n.op_type == "Constant" for a in n.attribute
+                  if a.name == "value"}
+    carried, found = {name}, []
+    for node in graph.node:  # topological order: a carrier's output is seen before what reads it
+        if node.op_type in _CARRIERS and node.input and node.input[0] in carried:
+            carried.update(node.output)
+        elif node.op_type == "Equal" and len(node.input) == 2 and any(i in carried for i in node.input):
+            other = node.input[1] if node.input[0] in carried else node.input[0]
+            if other in constants and constants[other].data_type in _INTEGER_TYPES:
+                values = numpy_helper.to_array(constants[other])
+                if values.size:
+                    found.append((int(values.min()), int(values.max())))
+    return (min(f[0] for f in found), max(f[1] for f in found)) if found else None
+
+
+_INTEGER_TYPES = frozenset({TensorProto.INT8, TensorProto.UINT8, TensorProto.INT16, TensorProto.UINT16,
+                            TensorProto.INT32, TensorProto.UINT32, TensorProto.INT64, TensorProto.UINT64})
 
 
 def check_input_shapes(model_path: Path, shapes: dict[str, tuple[int, ...]]) -> None:
@@ -734,10 +775,11 @@ def render_text(result: VerifyResult) -> str:
     else:
         lines = [f"reference {result.reference}, candidate {result.candidate}; inputs {result.inputs or 'given'}; "
                  f"{tolerance}"]
-    twin = any(o.input_to_twin is not None for o in result.outputs)
+    shown = result.judged
+    twin = any(o.input_to_twin is not None for o in shown)
     head = ("input→twin", "candidate→twin", "allowed") if twin else ()
     rows = [("output", "shape", *head, "max abs err", "rel L2", "cosine", "SQNR dB", "result")]
-    for o in result.outputs:
+    for o in shown:
         figures = (_num(o.input_to_twin), _num(o.candidate_to_twin), _num(o.allowed)) if twin else ()
         rows.append((o.name, shape_text(o.shape), *figures, _num(o.max_abs_error), _num(o.relative_l2),
                      _num(o.cosine, "{:.6f}"), _num(o.sqnr_db, "{:.1f}"), _status(o, result)))
@@ -752,22 +794,23 @@ def render_text(result: VerifyResult) -> str:
         lines.append(f"quantized tensors: {len(result.integers)} compared as integers, " + (
             f"{len(differing)} differ: {', '.join(differing[:5])}{' …' if len(differing) > 5 else ''}"
             if differing else "all identical"))
-    total = len(result.outputs)
-    failed = [o.name for o in result.outputs if not o.passed]
-    unknown = [o.name for o in result.outputs if not o.evidence]
+    total = len(result.judged)
+    failed = [o.name for o in result.judged if not o.passed]
+    unknown = [o.name for o in shown if not o.evidence]
     if result.integers_differing:
         lines.append(f"FAIL: the change claims to be exact, and {len(result.integers_differing)} quantized tensor(s) "
                      "differ")
     elif result.identical and not unknown:
-        lines.append(f"identical: all {total} output(s) are bit-identical")
+        lines.append(f"identical: all {len(result.outputs)} output(s) are bit-identical")
     elif not failed:
-        lines.append(f"PASS: all {total} output(s) within tolerance")
+        deepest = " and the network's deepest quantized tensors" if result.network is not None else ""
+        lines.append(f"PASS: all {len(result.outputs)} output(s){deepest} within tolerance")
     elif set(failed) == set(unknown):
         lines.append(f"INCONCLUSIVE: {', '.join(unknown)} carr{'y' if len(unknown) > 1 else 'ies'} no information on "
                      "these inputs (the same value everywhere, or NaN); give --inputs with samples the model is meant "
                      "to see")
     else:
-        lines.append(f"FAIL: {len(failed)} of {total} output(s) past tolerance: {', '.join(failed)}")
+        lines.append(f"FAIL: {len(failed)} of {total} judged past tolerance: {', '.join(failed)}")
     return "\n".join(lines) + "\n"
 
 

@@ -11,8 +11,8 @@ write the same candidate: inputs only judge it. The run's figures and every brok
 - no traceback, and exit 2 (one line) only for a file onnxruntime refuses;
 - what fix writes passes `onnx.checker.check_model(full_check=True)` (when the input does) and
   loads in onnxruntime, with its optimisations off and on;
-- `qdq verify` on the pair gives fix's verdict; a refused candidate has an output further from
-  the twin than allowed, a passed one none;
+- `qdq verify` on the pair gives fix's verdict; a refused candidate has an output (or its deepest
+  quantized tensors) further from the twin than allowed, a passed one none;
 - a second fix changes nothing, and no command changes the input file;
 - a file lint calls clean passes the target's independent checker.
 """
@@ -93,7 +93,8 @@ def judged(verification: dict | None, violations: list[str], what: str) -> dict 
     """A verdict's figures (worst output); a verdict that contradicts its own distances is a violation."""
     if verification is None:
         return None
-    outputs = verification["outputs"]
+    # The network's deepest quantized tensors are judged as one more output (qdq/verification/verdict.py).
+    outputs = verification["outputs"] + ([verification["network"]] if verification.get("network") else [])
     twin = [o for o in outputs if o.get("input_to_twin") is not None]
     beyond = [o["name"] for o in twin if o["evidence"] and float(o["candidate_to_twin"]) > float(o["allowed"])]
     if twin and all(o["evidence"] for o in outputs) and bool(beyond) == verification["passed"]:
@@ -101,6 +102,7 @@ def judged(verification: dict | None, violations: list[str], what: str) -> dict 
                           f"the allowed distance from the twin: {beyond or 'none'}")
     worst = max(twin, key=lambda o: float(o["candidate_to_twin"]) / max(float(o["allowed"]), 1e-30), default=None)
     return {"passed": verification["passed"], "evidence": all(o["evidence"] for o in outputs),
+            "network": verification.get("network") is not None,
             "twin": verification["twin"], "inputs": verification["inputs"],
             **({k: float(worst[k]) for k in ("input_to_twin", "candidate_to_twin", "allowed", "relative_l2")}
                if worst else {})}
