@@ -206,7 +206,7 @@ def _imported_beside(checker: CheckerProcess, proto: onnx.ModelProto,
 
 
 def save_model(
-    model: Model, out_path: str | os.PathLike, in_place: bool = False, check: Callable[[Path], None] | None = None
+    model: Model, out_path: str | os.PathLike, in_place: bool = False, check: Callable[[Path, list], None] | None = None
 ) -> None:
     """Write the model atomically, checked; external weights stay external and are never overwritten.
 
@@ -219,7 +219,7 @@ def save_model(
     files this call created are removed again and an existing output is left as it was.
 
     `check` runs on the complete temporary file once the ONNX checker and onnxruntime accept it
-    (`qdq fix` verifies the numbers there); it may raise to stop the write.
+    (`qdq fix` verifies the numbers there, in onnxruntime's session of it); it may raise to stop the write.
     """
     out_path = Path(out_path)
     protected = [f for f in model.input_files if not (in_place and same_file(Path(f), model.path))]
@@ -271,17 +271,21 @@ def _settle_element_types(graph: ir.Graph) -> None:
             out.dtype = implied
 
 
-def _check_output(model: Model, written: Path, out_path: Path, check: Callable[[Path], None] | None) -> None:
+def _check_output(model: Model, written: Path, out_path: Path, check: Callable[[Path, list], None] | None) -> None:
     """Refuse to move a model into place that the full ONNX checker or onnxruntime refuses.
 
     Such a model is qdq's fault, not the user's: the message says so. An input that fails the
     same check itself (the checker is stricter than onnxruntime) only has to be no worse.
+    `check` is handed onnxruntime's session of the written file in a one-item list: a verdict may
+    take it and run it rather than build the model again, and the session is freed once taken and run.
     """
     progress.step(f"checking {out_path.name} before writing it")
     _refuse_if_worse(model, written, out_path, "the ONNX checker", _checker_refusal)
-    _refuse_if_worse(model, written, out_path, "onnxruntime", _onnxruntime_refusal)
+    opened: list = []
+    _refuse_if_worse(model, written, out_path, "onnxruntime",
+                     lambda path: _onnxruntime_refusal(path, opened if path == written else None))
     if check is not None:
-        check(written)
+        check(written, opened)
 
 
 def _refuse_if_worse(model: Model, written: Path, out_path: Path, name: str, refusal: Callable[[Path], str | None]) -> None:
@@ -300,8 +304,9 @@ def _checker_refusal(path: Path) -> str | None:
     return None
 
 
-def _onnxruntime_refusal(path: Path) -> str | None:
-    """Why onnxruntime cannot create a session for the file (CPU, graph optimisations off), or None.
+def _onnxruntime_refusal(path: Path, opened: list | None = None) -> str | None:
+    """Why onnxruntime cannot create a session for the file (CPU, graph optimisations off), or None;
+    the session is appended to `opened` when given (building it again would cost as much: a minute at 100k nodes).
 
     Optimisations off, as verification runs: with them on, session creation costs four times as
     much (3.4 s against 0.8 s at 10k nodes). That onnxruntime's QDQ fusions accept what qdq
@@ -310,9 +315,11 @@ def _onnxruntime_refusal(path: Path) -> str | None:
     from qdq.runtime import session
 
     try:
-        session(path)
+        made = session(path)
     except Exception as exc:
         return _first_line(exc)
+    if opened is not None:
+        opened.append(made)
     return None
 
 

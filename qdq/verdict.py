@@ -39,7 +39,7 @@ from qdq import progress
 from qdq.errors import QdqError, RuleSetError
 from qdq.change import changed_region, whole
 from qdq.meant_inputs import meant_inputs, watch
-from qdq.pieces import PieceFailed, Pieces, element_types, joined, uncuttable
+from qdq.pieces import PieceFailed, Pieces, element_types, joined, small_weights, uncuttable
 from qdq.ruleset import RuleSet
 from qdq.twin import Twin, float_twin
 from qdq.verify import (
@@ -107,11 +107,14 @@ def judge(
     seed: int = 0,
     shapes: dict[str, tuple[int, ...]] | None = None,
     exact: bool = False,
+    opened: list | None = None,
 ) -> VerifyResult:
     """Run the reference (the input model), its float twin and the candidate, and decide per output.
 
     `samples` are the user's feeds; without them random inputs the model is meant to see are drawn
     (`seed`, `shapes` for dynamic dimensions). `exact`: the change claims to keep every output bit for bit.
+    `opened`: a one-item list holding onnxruntime's session of the candidate file (optimisations off),
+    when the caller has built one (`qdq fix` has, to check the file it writes); the verdict takes it.
     """
     reference, candidate = Path(reference), Path(candidate)
     proto = onnx.load(str(reference), load_external_data=False)
@@ -124,11 +127,11 @@ def judge(
     observe = (criterion, samples, inputs_label, seed, shapes)
     runtime = "onnxruntime, default optimisations" if optimized else "onnxruntime, optimisations off"
     try:
-        runs = _Runs(reference, proto, candidate, fixed, twin, optimized, exact)
+        runs = _Runs(reference, proto, candidate, fixed, twin, optimized, exact, opened)
         samples, inputs_label, (ref_out, cand_out, twin_out) = _observe(runs, *observe)
     except _OptimizedRefused as refused:  # the input itself does not run as users run it: judge what the file says
         runtime = f"onnxruntime, optimisations off (the input model fails with its default optimisations: {refused})"
-        runs = _Runs(reference, proto, candidate, fixed, twin, False, exact)
+        runs = _Runs(reference, proto, candidate, fixed, twin, False, exact, opened)
         samples, inputs_label, (ref_out, cand_out, twin_out) = _observe(runs, *observe)
     result = VerifyResult(
         reference=str(reference), candidate=str(candidate), inputs=inputs_label, atol=criterion.atol,
@@ -183,7 +186,7 @@ class _Runs:
     model's changed region (`qdq.change`) fed with the input's values at its boundary, and the float twin."""
 
     def __init__(self, reference: Path, proto: onnx.ModelProto, candidate: Path, fixed: onnx.ModelProto,
-                 twin: Twin, optimized: bool, exact: bool):
+                 twin: Twin, optimized: bool, exact: bool, opened: list | None = None):
         self.reference, self.candidate, self.twin, self.optimized = reference, candidate, twin, optimized
         self.output_names = [o.name for o in proto.graph.output]
         check_same_outputs(reference, candidate, self.output_names, [o.name for o in fixed.graph.output])
@@ -192,6 +195,14 @@ class _Runs:
         cut = not optimized and not uncuttable(proto, types) and not uncuttable(fixed)
         self.region = changed_region(proto, reference.parent, fixed, candidate.parent) if cut else whole(fixed)
         log.info("the fixed model differs from the input in %d of its %d nodes", self.region.nodes, self.region.of)
+        # Where the fix changed most of the model, the caller's session of the whole file (optimisations off,
+        # outputs only) costs less than building the region's pieces; it is kept only while the weights are small.
+        built = opened.pop() if opened else None
+        if (built is not None and not optimized and not exact and self.region.nodes * 2 >= self.region.of
+                and small_weights(fixed)):
+            self.region = whole(fixed)
+        else:
+            built = None
         # An exact change is held to the integers too: the quantized tensors of its region the input also computes.
         computed = {o: n for n in proto.graph.node for o in n.output}
         self.quantizers = {n.output[0]: (computed[n.output[0]], n) for n in self.region.model.graph.node
@@ -200,10 +211,12 @@ class _Runs:
         self._grids = (Quantizers(proto.graph, reference.parent), Quantizers(fixed.graph, candidate.parent)) \
             if self.quantizers else ()
         self.integers: dict[str, tuple[np.ndarray, np.ndarray]] = {}
+        # Both were found cuttable above, and so is the region (a part of the fixed model, typed by the input's types).
         self.reference_pieces = Pieces(proto, reference.parent, keep=self.region.boundary + self.integer_names,
-                                       optimized=optimized, types=types)
+                                       optimized=optimized, types=types, cuttable=cut)
         self.region_pieces = Pieces(self.region.model, candidate.parent, keep=self.integer_names, optimized=optimized,
-                                    types=types) if self.region.model.graph.output or self.integer_names else None
+                                    types=types, cuttable=cut, session=built) \
+            if self.region.model.graph.output or self.integer_names else None
         self.twin_pieces = Pieces(twin.model, reference.parent, types=types, reused=True) \
             if twin.model is not None else None
 

@@ -184,9 +184,9 @@ class RandomInputs:
         self.inputs = _graph_inputs(self.graph)
         self.shapes = dict(shapes or {})
         _check_shapes(self.inputs, self.shapes, self.model_path)
-        self.quantizers = [Quantizers(self.graph, self.model_path.parent)]
-        if range_from is not None:
-            self.quantizers.append(Quantizers(_load_graph(Path(range_from)), Path(range_from).parent))
+        self.quantizers = Quantizers(self.graph, self.model_path.parent)
+        self.range_from = Path(range_from) if range_from is not None else None
+        self._range_from_quantizers: Quantizers | None = None
 
     def draw(self, seed: int = 0, amplitude: float = 1.0, smooth: bool = False) -> dict[str, np.ndarray]:
         """One draw. `amplitude` < 1 narrows float values around the middle of their range (or the
@@ -206,7 +206,7 @@ class RandomInputs:
                     "give --inputs FILE.npz"
                 )
             if elem_type in _FLOAT_TYPES:
-                bounds = next((b for q in self.quantizers if (b := q.range_of(value.name, shape)) is not None), None)
+                bounds = self._bounds(value.name, shape)
                 if amplitude != 1.0 or smooth:
                     center, half = ((bounds[0] + bounds[1]) / 2, (bounds[1] - bounds[0]) / 2) if bounds is not None \
                         else (0.0, 1.0)
@@ -225,6 +225,16 @@ class RandomInputs:
             else:
                 feeds[value.name] = np.zeros(shape, dtype=dtype)
         return feeds
+
+    def _bounds(self, name: str, shape: tuple[int, ...]) -> tuple[np.ndarray, np.ndarray] | None:
+        """The float range of the input's Q in this model, else in `range_from`: that model is read only when
+        this one has no such Q (reading a 100k-node graph's quantizers costs about a second)."""
+        bounds = self.quantizers.range_of(name, shape)
+        if bounds is None and self.range_from is not None:
+            if self._range_from_quantizers is None:
+                self._range_from_quantizers = Quantizers(_load_graph(self.range_from), self.range_from.parent)
+            bounds = self._range_from_quantizers.range_of(name, shape)
+        return bounds
 
 
 def smooth_noise(rng: np.random.Generator, shape: tuple[int, ...]) -> np.ndarray:
