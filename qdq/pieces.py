@@ -140,8 +140,9 @@ class Pieces:
 
     def _cut(self, nodes: list[onnx.NodeProto], wanted: set[str], max_nodes: int, max_bytes: float) -> list[_Slice]:
         groups, current, size = [], [], 0
+        sizes = {name: _bytes(tensor) for name, tensor in self._weights.items()}
         for unit in self._units(nodes):
-            weight = sum(_bytes(self._weights[n]) for node in unit for n in node.input if n in self._weights)
+            weight = sum(sizes[n] for node in unit for n in node.input if n in sizes)
             if current and (len(current) + len(unit) > max_nodes or size + weight > max_bytes):
                 groups.append(current)
                 current, size = [], 0

@@ -633,14 +633,18 @@ class Quantizers:
 
     def __init__(self, graph: onnx.GraphProto, folder: Path):
         self.folder = str(folder)
+        self._constants: dict[str, tuple[np.ndarray, int] | None] = {}
         self.initializers = {t.name: t for t in graph.initializer}
         self.producers = {out: node for node in graph.node for out in node.output if out}
         self.readers: dict[str, list[onnx.NodeProto]] = {}
-        self.consumers: dict[str, list[onnx.NodeProto]] = {}
         for node in graph.node:
             if node.op_type == QUANTIZE and node.domain in QDQ_DOMAINS and len(node.input) >= 2:
                 self.readers.setdefault(node.input[0], []).append(node)
-            for name in set(node.input):
+        # The readers of each QuantizeLinear's integers (`_integer_bounds` asks for nothing else).
+        integers = {name for node in graph.node if node.op_type == QUANTIZE for name in node.output[:1]}
+        self.consumers: dict[str, list[onnx.NodeProto]] = {}
+        for node in graph.node:
+            for name in set(node.input) & integers:
                 self.consumers.setdefault(name, []).append(node)
 
     def range_of(self, name: str, shape: tuple[int, ...]) -> tuple[np.ndarray, np.ndarray] | None:
@@ -699,7 +703,13 @@ class Quantizers:
                 qmax if high is None else min(qmax, math.floor(high)))
 
     def constant(self, name: str) -> tuple[np.ndarray, int] | None:
-        """The value and element type of `name` if constants alone make it, through Identity and Cast."""
+        """The value and element type of `name` if constants alone make it, through Identity and Cast.
+        Read once per name: a Q and its DQs share their scale, and the twin's saturation probe asks again."""
+        if name not in self._constants:
+            self._constants[name] = self._read_constant(name)
+        return self._constants[name]
+
+    def _read_constant(self, name: str) -> tuple[np.ndarray, int] | None:
         cast_to, seen = None, set()
         while name not in self.initializers:
             node = self.producers.get(name)
