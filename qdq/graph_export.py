@@ -24,7 +24,7 @@ import numpy as np
 import onnx
 from onnx import AttributeProto, TensorProto, helper, numpy_helper
 
-from qdq import ir
+from qdq import ir, progress
 from qdq.graph_import import PLAIN_ATTRIBUTES, dimension
 
 # The parts of the GraphProto that follow qdq's graph; the rest is the input's. Quantization
@@ -58,7 +58,7 @@ def _write_graph(graph: ir.Graph, source: onnx.GraphProto, out: onnx.GraphProto)
     # graph after their node's own inputs; initializers and value_info follow it.
     tensors: dict[str, ir.Tensor] = {tensor.name: tensor for tensor in graph.inputs}
     nodes = []
-    for node in graph.nodes:
+    for node in progress.each(graph.nodes, "writing the graph"):
         for tensor in node.inputs:
             tensors[tensor.name] = tensor
         for tensor in node.outputs:

@@ -141,7 +141,7 @@ class Pieces:
     def _cut(self, nodes: list[onnx.NodeProto], wanted: set[str], max_nodes: int, max_bytes: float) -> list[_Slice]:
         groups, current, size = [], [], 0
         sizes = {name: _bytes(tensor) for name, tensor in self._weights.items()}
-        for unit in self._units(nodes):
+        for unit in progress.each(self._units(nodes), "cutting the model into pieces"):
             weight = sum(sizes[n] for node in unit for n in node.input if n in sizes)
             if current and (len(current) + len(unit) > max_nodes or size + weight > max_bytes):
                 groups.append(current)
@@ -152,6 +152,7 @@ class Pieces:
         read_later: set[str] = set(wanted)
         slices: list[_Slice] = []
         for group in reversed(groups):  # what each slice must give is what later slices read
+            progress.step("cutting the model into pieces")
             made = {o for n in group for o in n.output if o}
             reads = list(dict.fromkeys(i for n in group for i in n.input if i and i not in made))
             weights = [self._weights[n] for n in reads if n in self._weights]
@@ -256,7 +257,8 @@ class Pieces:
 
 def small_weights(model: onnx.ModelProto) -> bool:
     """Whether the model's weights are small enough for sessions holding them to be kept between runs."""
-    return sum(map(_bytes, model.graph.initializer)) <= _KEEP_SESSIONS_BYTES
+    weights = progress.each(model.graph.initializer, "adding up the model's weights")
+    return sum(map(_bytes, weights)) <= _KEEP_SESSIONS_BYTES
 
 
 def element_types(model: onnx.ModelProto) -> dict[str, int]:
