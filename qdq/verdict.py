@@ -133,6 +133,7 @@ def judge(
         runtime = f"onnxruntime, optimisations off (the input model fails with its default optimisations: {refused})"
         runs = _Runs(reference, proto, candidate, fixed, twin, False, exact, opened)
         samples, inputs_label, (ref_out, cand_out, twin_out) = _observe(runs, *observe)
+    runs.close()
     result = VerifyResult(
         reference=str(reference), candidate=str(candidate), inputs=inputs_label, atol=criterion.atol,
         rtol=criterion.rtol, min_sqnr=criterion.min_sqnr,
@@ -239,6 +240,12 @@ class _Runs:
         as_arrays = [{name: as_array(value, name, path) for name, value in joined(runs, names).items()}
                      for runs, path in ((ref_runs, self.reference), (cand_runs, self.candidate))]
         return as_arrays[0], as_arrays[1], twin_out
+
+    def close(self) -> None:
+        """Free the sessions kept for more runs, one at a time, so the progress line moves between them."""
+        for pieces in (self.reference_pieces, self.region_pieces, self.twin_pieces):
+            if pieces is not None:
+                pieces.close()
 
     def same_integers(self, name: str) -> bool:
         """Whether the quantized tensor `name` stands for the same values in both models: the same scale, and the
