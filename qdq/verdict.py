@@ -119,19 +119,25 @@ def judge(
     reference, candidate = Path(reference), Path(candidate)
     proto = onnx.load(str(reference), load_external_data=False)
     fixed = onnx.load(str(candidate), load_external_data=False)
+    optimized = criterion.runtime == "optimized" and not exact
+    # The caller's session of the candidate file may stand for the fixed model's run (optimisations off, outputs
+    # only, weights small enough to keep it while the others run); otherwise it is freed here.
+    built = opened.pop() if opened else None
+    if optimized or exact or not small_weights(fixed):
+        built = None
     twin = float_twin(proto, ruleset.params_of("QDQ006"), reference.parent) \
         if not exact else Twin(None, 0, "the change claims to be exact")
-    optimized = criterion.runtime == "optimized" and not exact
     if twin.model is not None and samples is None:
         watch(twin)  # the twin also outputs what its quantizers read: random inputs are chosen on it
     observe = (criterion, samples, inputs_label, seed, shapes)
     runtime = "onnxruntime, default optimisations" if optimized else "onnxruntime, optimisations off"
     try:
-        runs = _Runs(reference, proto, candidate, fixed, twin, optimized, exact, opened)
+        runs = _Runs(reference, proto, candidate, fixed, twin, optimized, exact, built)
+        del built  # held by the fixed model's pieces when they run in it, otherwise freed now
         samples, inputs_label, (ref_out, cand_out, twin_out) = _observe(runs, *observe)
     except _OptimizedRefused as refused:  # the input itself does not run as users run it: judge what the file says
         runtime = f"onnxruntime, optimisations off (the input model fails with its default optimisations: {refused})"
-        runs = _Runs(reference, proto, candidate, fixed, twin, False, exact, opened)
+        runs = _Runs(reference, proto, candidate, fixed, twin, False, exact)
         samples, inputs_label, (ref_out, cand_out, twin_out) = _observe(runs, *observe)
     runs.close()
     result = VerifyResult(
@@ -187,7 +193,7 @@ class _Runs:
     model's changed region (`qdq.change`) fed with the input's values at its boundary, and the float twin."""
 
     def __init__(self, reference: Path, proto: onnx.ModelProto, candidate: Path, fixed: onnx.ModelProto,
-                 twin: Twin, optimized: bool, exact: bool, opened: list | None = None):
+                 twin: Twin, optimized: bool, exact: bool, built=None):
         self.reference, self.candidate, self.twin, self.optimized = reference, candidate, twin, optimized
         self.output_names = [o.name for o in proto.graph.output]
         check_same_outputs(reference, candidate, self.output_names, [o.name for o in fixed.graph.output])
@@ -196,11 +202,9 @@ class _Runs:
         cut = not optimized and not uncuttable(proto, types) and not uncuttable(fixed)
         self.region = changed_region(proto, reference.parent, fixed, candidate.parent) if cut else whole(fixed)
         log.info("the fixed model differs from the input in %d of its %d nodes", self.region.nodes, self.region.of)
-        # Where the fix changed most of the model, the caller's session of the whole file (optimisations off,
-        # outputs only) costs less than building the region's pieces; it is kept only while the weights are small.
-        built = opened.pop() if opened else None
-        if (built is not None and not optimized and not exact and self.region.nodes * 2 >= self.region.of
-                and small_weights(fixed)):
+        # Where the fix changed most of the model, running `built`, the session of the whole file, costs less
+        # than building the region's pieces.
+        if built is not None and self.region.nodes * 2 >= self.region.of:
             self.region = whole(fixed)
         else:
             built = None

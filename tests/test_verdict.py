@@ -131,6 +131,26 @@ def test_fix_and_verify_give_one_verdict(tmp_path):
     assert again["passed"] == verdict["passed"] and again["inputs"] == verdict["inputs"]
 
 
+def test_the_fixed_model_runs_in_the_session_fix_built_to_check_it(tmp_path, monkeypatch):
+    """`qdq fix` hands the verdict onnxruntime's session of the file it wrote: where the fix changed
+    most of the model, the verdict runs it instead of building the model again, to the same numbers."""
+    from qdq.pieces import Pieces
+    from qdq.runtime import session
+    from qdq.verdict import Criterion, judge
+
+    model, candidate = conv_net(tmp_path / "m.onnx", 0.03, 0.07), conv_net(tmp_path / "c.onnx", 0.04, 0.05)
+    ruleset = load_target("npu")
+    built = []
+    source = Pieces._source
+    monkeypatch.setattr(Pieces, "_source", lambda self, *args: built.append(self.model) or source(self, *args))
+    opened = [session(candidate)]
+    given = judge(model, candidate, ruleset, Criterion.of(ruleset), opened=opened).to_dict()
+    sessions_given = len(built)
+    alone = judge(model, candidate, ruleset, Criterion.of(ruleset)).to_dict()
+    assert opened == [] and sessions_given == len(built) - sessions_given - 1
+    assert given == alone
+
+
 def test_the_ort_target_judges_what_onnxruntime_runs_by_default(tmp_path):
     model = conv_net(tmp_path / "m.onnx", 0.03, 0.07)
     for target, runtime in (("ort", "onnxruntime, default optimisations"), ("npu", "onnxruntime, optimisations off")):
