@@ -58,7 +58,7 @@ def _write_graph(graph: ir.Graph, source: onnx.GraphProto, out: onnx.GraphProto)
     # graph after their node's own inputs; initializers and value_info follow it.
     tensors: dict[str, ir.Tensor] = {tensor.name: tensor for tensor in graph.inputs}
     nodes = []
-    for node in progress.each(graph.nodes, "writing the graph"):
+    for node in progress.each(graph.nodes, None):
         for tensor in node.inputs:
             tensors[tensor.name] = tensor
         for tensor in node.outputs:
