@@ -38,7 +38,7 @@ QDQ = [sys.executable, "-m", "cli"]
 BASELINE = "import sys, onnx; onnx.save(onnx.load(sys.argv[1], load_external_data=False), sys.argv[2])"
 # onnxruntime opening the input as qdq's check of every written file does (optimisations off, no CPU arena, as
 # qdq.runtime builds every session): the floor of any fix that proves onnxruntime accepts what it writes, whatever
-# qdq itself costs. With the arena on, the build is slower (20k-node ladder: 16 s against 12.5 s on a loaded machine).
+# qdq itself costs.
 ORT_SESSION = ("import sys, onnxruntime as ort; options = ort.SessionOptions(); options.log_severity_level = 3; "
                "options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL; "
                "options.enable_cpu_mem_arena = False; "
