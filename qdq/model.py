@@ -11,7 +11,7 @@ import gc
 import logging
 import math
 import os
-from contextlib import contextmanager, suppress
+from contextlib import contextmanager, nullcontext, suppress
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Iterator
@@ -275,21 +275,25 @@ def _check_output(model: Model, written: Path, out_path: Path, check: Callable[[
     """Refuse to move a model into place that the full ONNX checker or onnxruntime refuses.
 
     Such a model is qdq's fault, not the user's: the message says so. An input that fails the
-    same check itself (the checker is stricter than onnxruntime) only has to be no worse.
+    same check itself (the checker is stricter than onnxruntime) only has to be no worse. The
+    checker holds the interpreter lock (seconds at 100k nodes): a large model's is run in a second
+    process while onnxruntime builds its session here.
     `check` is handed onnxruntime's session of the written file in a one-item list: a verdict may
     take it and run it rather than build the model again, and the session is freed once taken and run.
     """
     progress.step(f"checking {out_path.name} before writing it")
-    _refuse_if_worse(model, written, out_path, "the ONNX checker", _checker_refusal)
     opened: list = []
-    _refuse_if_worse(model, written, out_path, "onnxruntime",
-                     lambda path: _onnxruntime_refusal(path, opened if path == written else None))
+    with start_checker(written, len(model.graph.nodes), full_check=True) or nullcontext() as child:
+        runtime_problem = _onnxruntime_refusal(written, opened)
+        checker_problem = None if child is not None and child.accepted() else _checker_refusal(written)
+    _refuse_if_worse(model, out_path, "the ONNX checker", checker_problem, _checker_refusal)
+    _refuse_if_worse(model, out_path, "onnxruntime", runtime_problem, _onnxruntime_refusal)
     if check is not None:
         check(written, opened)
 
 
-def _refuse_if_worse(model: Model, written: Path, out_path: Path, name: str, refusal: Callable[[Path], str | None]) -> None:
-    problem = refusal(written)
+def _refuse_if_worse(model: Model, out_path: Path, name: str, problem: str | None,
+                     refusal: Callable[[Path], str | None]) -> None:
     if problem is not None and refusal(model.path) is None:
         raise InvalidOutputError(
             f"{out_path}: not written: {name} refuses the fixed model ({problem}); this is a bug in qdq, please report it"
