@@ -179,11 +179,16 @@ def _observe(runs: _Runs, criterion: Criterion, samples: list | None, label: str
     inputs the model is meant to see, and when those tell nothing, on white noise over the whole input range."""
     if samples is not None:
         return samples, label, runs.outputs(samples, label)
-    for chosen, probe, first in ((runs.twin, runs.twin_pieces, seed), (Twin(None, 0), None, seed + 1)):
+    attempts = ((runs.twin, runs.twin_pieces, seed), (Twin(None, 0), None, seed + 1))
+    for number, (chosen, probe, first) in enumerate(attempts, 1):
         samples, label, twin_out = meant_inputs(runs.reference, runs.candidate, chosen, probe, criterion, first, shapes)
-        outputs = runs.outputs(samples, label, twin_out)
-        if all(_evidence(name, outputs[0], outputs[2], len(samples)) for name in outputs[0]):
-            break
+        # The twin ran first, on these samples: where its outputs already tell nothing, so will the three together,
+        # and the input and fixed models need not run on them.
+        told = twin_out is None or all(_evidence(name, twin_out, None, len(samples)) for name in runs.output_names)
+        if told or number == len(attempts):
+            outputs = runs.outputs(samples, label, twin_out)
+            if all(_evidence(name, outputs[0], outputs[2], len(samples)) for name in outputs[0]):
+                break
         log.info("the reference's outputs carry no information on %s; trying the input range whole", label)
     return samples, label, outputs
 

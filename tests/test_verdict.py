@@ -105,19 +105,38 @@ def test_a_fix_that_triples_the_quantization_error_fails_though_it_keeps_20_db(t
     assert o["candidate_to_twin"] > o["allowed"] >= o["input_to_twin"]
 
 
-def test_an_output_that_tells_nothing_is_no_evidence(tmp_path):
-    """Relu of a large negative constant: zero on every input. Identical candidate or not, no pass."""
-    def dead(path: Path, shift: float) -> Path:
-        b = GraphBuilder(opset=13)
-        x = b.qdq(b.input("x", [1, 8]), 0.02)
-        y = b.node("Relu", [b.node("Add", [x, b.init("shift", np.float32(shift))], name="add")], name="relu")
-        b.node("Identity", [b.qdq(y, 0.02)], ["y"], name="out")
-        b.output("y", [1, 8])
-        return b.save(path)
+def dead(path: Path, shift: float) -> Path:
+    """Relu of a large negative constant: zero on every input."""
+    b = GraphBuilder(opset=13)
+    x = b.qdq(b.input("x", [1, 8]), 0.02)
+    y = b.node("Relu", [b.node("Add", [x, b.init("shift", np.float32(shift))], name="add")], name="relu")
+    b.node("Identity", [b.qdq(y, 0.02)], ["y"], name="out")
+    b.output("y", [1, 8])
+    return b.save(path)
 
+
+def test_an_output_that_tells_nothing_is_no_evidence(tmp_path):
+    """Identical candidate or not, no pass."""
     run_ = qdq("verify", dead(tmp_path / "a.onnx", -100.0), dead(tmp_path / "b.onnx", -101.0), "--target", "trt")
     assert run_.code == 1, run_.out
     assert "no evidence" in run_.out and run_.out.splitlines()[-1].startswith("INCONCLUSIVE: y carries no information")
+
+
+def test_inputs_on_which_the_twin_tells_nothing_are_not_run_through_the_other_models(tmp_path, monkeypatch):
+    """The twin runs first on the random inputs; where its outputs say nothing, the input and fixed models
+    run only on the next inputs tried (at 100k nodes, a whole model's pieces built for nothing)."""
+    from qdq import verdict
+    from qdq.verdict import Criterion, judge
+
+    ran = []
+    outputs = verdict._Runs.outputs
+    monkeypatch.setattr(verdict._Runs, "outputs", lambda self, samples, label, *twin: ran.append(label)
+                        or outputs(self, samples, label, *twin))
+    ruleset = load_target("trt")
+    result = judge(dead(tmp_path / "a.onnx", -100.0), dead(tmp_path / "b.onnx", -101.0), ruleset,
+                   Criterion.of(ruleset))
+    assert [o.evidence for o in result.outputs] == [False]
+    assert len(ran) == 1 and ran[0] == result.inputs and "smooth" not in ran[0]  # the white noise tried second
 
 
 def test_fix_and_verify_give_one_verdict(tmp_path):
