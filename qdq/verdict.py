@@ -123,7 +123,7 @@ def judge(
     # The caller's session of the candidate file may stand for the fixed model's run (optimisations off, outputs
     # only, weights small enough to keep it while the others run); otherwise it is freed here.
     built = opened.pop() if opened else None
-    if optimized or exact or not small_weights(fixed):
+    if built is not None and (optimized or exact or not small_weights(fixed)):
         built = None
     twin = float_twin(proto, ruleset.params_of("QDQ006"), reference.parent) \
         if not exact else Twin(None, 0, "the change claims to be exact")
