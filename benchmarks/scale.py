@@ -36,10 +36,12 @@ GENERATOR = [sys.executable, str(Path(__file__).resolve().parent / "scale_models
 # The checkout's qdq, not an installed copy: `-m cli` run from the repository root.
 QDQ = [sys.executable, "-m", "cli"]
 BASELINE = "import sys, onnx; onnx.save(onnx.load(sys.argv[1], load_external_data=False), sys.argv[2])"
-# onnxruntime opening the input as qdq's check of every written file does (optimisations off): the floor of any
-# fix that proves onnxruntime accepts what it writes, whatever qdq itself costs.
+# onnxruntime opening the input as qdq's check of every written file does (optimisations off, no CPU arena, as
+# qdq.support.runtime builds every session): the floor of any fix that proves onnxruntime accepts what it writes, whatever
+# qdq itself costs.
 ORT_SESSION = ("import sys, onnxruntime as ort; options = ort.SessionOptions(); options.log_severity_level = 3; "
                "options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL; "
+               "options.enable_cpu_mem_arena = False; "
                "ort.InferenceSession(sys.argv[1], options, providers=['CPUExecutionProvider'])")
 COMMANDS = ("load+save", "ort session", "lint npu", "lint trt", "fix npu", "fix trt")
 QDQ_COMMANDS = COMMANDS[2:]

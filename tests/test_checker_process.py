@@ -41,13 +41,27 @@ def test_a_second_process_gives_what_the_check_in_process_gives(case, monkeypatc
     path = CORPUS / CASES[case]
     started = []
     real = checker_process.CheckerProcess
-    monkeypatch.setattr(checker_process, "CheckerProcess", lambda p: started.append(p) or real(p))
+    monkeypatch.setattr(checker_process, "CheckerProcess", lambda p, *full: started.append(p) or real(p, *full))
     in_process = loaded(path)
     assert started == []  # corpus files are far below MIN_NODES
     monkeypatch.setattr(checker_process, "MIN_NODES", 0)
     beside = loaded(path)
     assert started == [path]
     assert beside == in_process
+
+
+def test_a_written_file_is_checked_fully_in_a_second_process_with_the_same_outcome(monkeypatch, tmp_path):
+    """`save_model` runs the full check of a large output in a child while onnxruntime loads it here."""
+    from qdq.graph.model import save_model
+
+    started = []
+    real = checker_process.CheckerProcess
+    monkeypatch.setattr(checker_process, "CheckerProcess", lambda p, full: started.append(full) or real(p, full))
+    save_model(load_model(CORPUS / CASES["plain"]), tmp_path / "in_process.onnx")
+    monkeypatch.setattr(checker_process, "MIN_NODES", 0)
+    save_model(load_model(CORPUS / CASES["plain"]), tmp_path / "beside.onnx")
+    assert started == [False, True]  # the load's plain check, then the written file's full one
+    assert (tmp_path / "beside.onnx").read_bytes() == (tmp_path / "in_process.onnx").read_bytes()
 
 
 def test_the_child_reports_the_checkers_verdict():

@@ -105,19 +105,38 @@ def test_a_fix_that_triples_the_quantization_error_fails_though_it_keeps_20_db(t
     assert o["candidate_to_twin"] > o["allowed"] >= o["input_to_twin"]
 
 
-def test_an_output_that_tells_nothing_is_no_evidence(tmp_path):
-    """Relu of a large negative constant: zero on every input. Identical candidate or not, no pass."""
-    def dead(path: Path, shift: float) -> Path:
-        b = GraphBuilder(opset=13)
-        x = b.qdq(b.input("x", [1, 8]), 0.02)
-        y = b.node("Relu", [b.node("Add", [x, b.init("shift", np.float32(shift))], name="add")], name="relu")
-        b.node("Identity", [b.qdq(y, 0.02)], ["y"], name="out")
-        b.output("y", [1, 8])
-        return b.save(path)
+def dead(path: Path, shift: float) -> Path:
+    """Relu of a large negative constant: zero on every input."""
+    b = GraphBuilder(opset=13)
+    x = b.qdq(b.input("x", [1, 8]), 0.02)
+    y = b.node("Relu", [b.node("Add", [x, b.init("shift", np.float32(shift))], name="add")], name="relu")
+    b.node("Identity", [b.qdq(y, 0.02)], ["y"], name="out")
+    b.output("y", [1, 8])
+    return b.save(path)
 
+
+def test_an_output_that_tells_nothing_is_no_evidence(tmp_path):
+    """Identical candidate or not, no pass."""
     run_ = qdq("verify", dead(tmp_path / "a.onnx", -100.0), dead(tmp_path / "b.onnx", -101.0), "--target", "trt")
     assert run_.code == 1, run_.out
     assert "no evidence" in run_.out and run_.out.splitlines()[-1].startswith("INCONCLUSIVE: y carries no information")
+
+
+def test_inputs_on_which_the_twin_tells_nothing_are_not_run_through_the_other_models(tmp_path, monkeypatch):
+    """The twin runs first on the random inputs; where its outputs say nothing, the input and fixed models
+    run only on the next inputs tried (at 100k nodes, a whole model's pieces built for nothing)."""
+    from qdq.verification import verdict
+    from qdq.verification.verdict import Criterion, judge
+
+    ran = []
+    outputs = verdict._Runs.outputs
+    monkeypatch.setattr(verdict._Runs, "outputs", lambda self, samples, label, *twin: ran.append(label)
+                        or outputs(self, samples, label, *twin))
+    ruleset = load_target("trt")
+    result = judge(dead(tmp_path / "a.onnx", -100.0), dead(tmp_path / "b.onnx", -101.0), ruleset,
+                   Criterion.of(ruleset))
+    assert [o.evidence for o in result.outputs] == [False]
+    assert len(ran) == 1 and ran[0] == result.inputs and "smooth" not in ran[0]  # the white noise tried second
 
 
 def test_fix_and_verify_give_one_verdict(tmp_path):
@@ -129,6 +148,43 @@ def test_fix_and_verify_give_one_verdict(tmp_path):
     again = qdq("verify", model, out, "--target", "npu", "--format", "json", "--isolated").json()
     assert again["outputs"] == verdict["outputs"] and again["criterion"] == verdict["criterion"]
     assert again["passed"] == verdict["passed"] and again["inputs"] == verdict["inputs"]
+
+
+def weight_only_net(path: Path, w_scale: float) -> Path:
+    """x → Conv(DQ of int8 weight) → Relu → y: no activation Q/DQ, so no twin and no deepest tensors read out."""
+    b = GraphBuilder(opset=13)
+    conv = b.node("Conv", [b.input("x", [1, 4, 16, 16]), b.weight("w", W, w_scale)], name="conv", pads=[1, 1, 1, 1])
+    b.node("Relu", [conv], ["y"], name="relu")
+    b.output("y", [1, 8, 16, 16])
+    return b.save(path)
+
+
+def test_the_fixed_model_runs_in_the_session_fix_built_to_check_it(tmp_path, monkeypatch):
+    """`qdq fix` hands the verdict onnxruntime's session of the file it wrote: where the fix changed
+    most of the model, the verdict runs it instead of building the model again, to the same numbers.
+    Not where the verdict reads the network's deepest tensors out, which the file's session does not
+    output: a model without activation Q/DQ has none."""
+    from qdq.support.runtime import session
+    from qdq.verification.pieces import Pieces
+    from qdq.verification.verdict import Criterion, judge
+
+    model, candidate = weight_only_net(tmp_path / "m.onnx", 0.01), weight_only_net(tmp_path / "c.onnx", 0.011)
+    ruleset = load_target("npu")
+    built = []
+    source = Pieces._source
+    monkeypatch.setattr(Pieces, "_source", lambda self, *args: built.append(self.model) or source(self, *args))
+    opened = [session(candidate)]
+    given = judge(model, candidate, ruleset, Criterion.of(ruleset), opened=opened).to_dict()
+    sessions_given = len(built)
+    alone = judge(model, candidate, ruleset, Criterion.of(ruleset)).to_dict()
+    assert opened == [] and sessions_given == len(built) - sessions_given - 1
+    assert given == alone
+    built.clear()
+    model, candidate = conv_net(tmp_path / "m2.onnx", 0.03, 0.07), conv_net(tmp_path / "c2.onnx", 0.04, 0.05)
+    judge(model, candidate, ruleset, Criterion.of(ruleset), opened=[session(candidate)])
+    with_deepest = len(built)
+    judge(model, candidate, ruleset, Criterion.of(ruleset))
+    assert with_deepest == len(built) - with_deepest  # the deepest tensors are read out: the region is built
 
 
 def test_the_ort_target_judges_what_onnxruntime_runs_by_default(tmp_path):

@@ -182,19 +182,20 @@ def _save_verified(
     before it is renamed into place, so a model that fails is never moved into place (unless
     --keep-failed; never over the input with --in-place). It runs only the part of the file the
     fix changed, in pieces, after onnxruntime has loaded the file whole once (`save_model`'s own
-    check). A dry run verifies a copy in a temporary folder.
+    check; when the fix changed most of the model, the fixed model runs in that session). A dry run
+    verifies a copy in a temporary folder.
     """
     target = args.model if args.in_place else args.output
     found: dict = {"verification": None, "skipped": None}
     exact = all(all_rules()[c.code].fix_safety == FixSafety.EXACT for c in fixed.changes)
 
-    def verify(candidate: Path) -> None:
+    def verify(candidate: Path, opened: list) -> None:
         if inputs is None or not fixed.changes:
             return
         try:
             progress.step("judging the fixed model against the input's float twin in onnxruntime")
             result = judge(args.model, candidate, ruleset, criterion, inputs.samples, inputs.label, inputs.seed,
-                           inputs.shapes, exact=exact)
+                           inputs.shapes, exact=exact, opened=opened)
         except UnfeedableInput as exc:
             found["skipped"] = exc.reason
             return

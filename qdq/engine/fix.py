@@ -136,7 +136,8 @@ def _fix(
         index = None
         untidy = False  # edits since the last tidy (a constant swapped out can leave the nodes that made it unused)
         for number, (rule, cfg) in enumerate(sequence, 1):
-            progress.step(f"fixing, round {rounds}: {rule.code} {rule.name} ({number}/{len(sequence)})")
+            doing = f"fixing, round {rounds}: {rule.code} {rule.name} ({number}/{len(sequence)})"
+            progress.step(doing)
             index = index or QuantIndex(model)
             if not index.has_qdq:
                 break
@@ -148,7 +149,7 @@ def _fix(
                                  enabled=codes, edits=journal, names=names, ceilings=ceilings)
             found[rule.code] = list(rule.check(check_ctx))
             made: list[Change] = []
-            for finding in found[rule.code]:
+            for finding in progress.each(found[rule.code], doing, every=200):
                 if finding.fix is not None:
                     made += _fix_one(rule, finding, fix_ctx)
             if made:

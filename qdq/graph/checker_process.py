@@ -1,4 +1,5 @@
-"""The ONNX checker on a large model's file in a second process, while this one builds the graph.
+"""The ONNX checker on a large model's file in a second process, while this one builds the graph
+(or, for a file `qdq fix` writes, onnxruntime's session of it).
 
 On 100k nodes the checker takes about 0.7 s and holds the interpreter lock, so a thread would
 not overlap it with the import; a child process on a second core does. The child only says
@@ -17,15 +18,15 @@ from pathlib import Path
 
 # Below this many nodes the checker costs less than the child's interpreter start (about 0.3 s).
 MIN_NODES = 30_000
-_CHECK = "import sys, onnx.checker; onnx.checker.check_model(sys.argv[1])"
+_CHECK = "import sys, onnx.checker; onnx.checker.check_model(sys.argv[1], full_check=sys.argv[2] == 'full')"
 
 
 class CheckerProcess:
-    """`onnx.checker.check_model(path)` running in a child process."""
+    """`onnx.checker.check_model(path, full_check)` running in a child process."""
 
-    def __init__(self, path: Path):
-        self._child = subprocess.Popen([sys.executable, "-c", _CHECK, str(path)], stdin=subprocess.DEVNULL,
-                                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    def __init__(self, path: Path, full_check: bool = False):
+        self._child = subprocess.Popen([sys.executable, "-c", _CHECK, str(path), "full" if full_check else "plain"],
+                                       stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
     def accepted(self) -> bool:
         """True when the checker accepted the file; False when it refused it or the child failed in any way."""
@@ -41,12 +42,12 @@ class CheckerProcess:
             self._child.wait()
 
 
-def start_checker(path: Path, nodes: int) -> CheckerProcess | None:
+def start_checker(path: Path, nodes: int, full_check: bool = False) -> CheckerProcess | None:
     """A child checking `path` when the model is large and a second core can run it; else None."""
     if nodes < MIN_NODES or usable_cores() < 2 or getattr(sys, "frozen", False):
         return None  # a frozen application's executable is not an interpreter that takes -c
     try:
-        return CheckerProcess(path)
+        return CheckerProcess(path, full_check)
     except OSError:  # no interpreter to start (an embedded Python, a process limit): check in process
         return None
 

@@ -11,7 +11,7 @@ import gc
 import logging
 import math
 import os
-from contextlib import contextmanager, suppress
+from contextlib import contextmanager, nullcontext, suppress
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Iterator
@@ -207,7 +207,7 @@ def _imported_beside(checker: CheckerProcess, proto: onnx.ModelProto,
 
 
 def save_model(
-    model: Model, out_path: str | os.PathLike, in_place: bool = False, check: Callable[[Path], None] | None = None
+    model: Model, out_path: str | os.PathLike, in_place: bool = False, check: Callable[[Path, list], None] | None = None
 ) -> None:
     """Write the model atomically, checked; external weights stay external and are never overwritten.
 
@@ -220,7 +220,7 @@ def save_model(
     files this call created are removed again and an existing output is left as it was.
 
     `check` runs on the complete temporary file once the ONNX checker and onnxruntime accept it
-    (`qdq fix` verifies the numbers there); it may raise to stop the write.
+    (`qdq fix` verifies the numbers there, in onnxruntime's session of it); it may raise to stop the write.
     """
     out_path = Path(out_path)
     protected = [f for f in model.input_files if not (in_place and same_file(Path(f), model.path))]
@@ -272,21 +272,29 @@ def _settle_element_types(graph: ir.Graph) -> None:
             out.dtype = implied
 
 
-def _check_output(model: Model, written: Path, out_path: Path, check: Callable[[Path], None] | None) -> None:
+def _check_output(model: Model, written: Path, out_path: Path, check: Callable[[Path, list], None] | None) -> None:
     """Refuse to move a model into place that the full ONNX checker or onnxruntime refuses.
 
     Such a model is qdq's fault, not the user's: the message says so. An input that fails the
-    same check itself (the checker is stricter than onnxruntime) only has to be no worse.
+    same check itself (the checker is stricter than onnxruntime) only has to be no worse. The
+    checker holds the interpreter lock (seconds at 100k nodes): a large model's is run in a second
+    process while onnxruntime builds its session here.
+    `check` is handed onnxruntime's session of the written file in a one-item list: a verdict may
+    take it and run it rather than build the model again, and the session is freed once taken and run.
     """
     progress.step(f"checking {out_path.name} before writing it")
-    _refuse_if_worse(model, written, out_path, "the ONNX checker", _checker_refusal)
-    _refuse_if_worse(model, written, out_path, "onnxruntime", _onnxruntime_refusal)
+    opened: list = []
+    with start_checker(written, len(model.graph.nodes), full_check=True) or nullcontext() as child:
+        runtime_problem = _onnxruntime_refusal(written, opened)
+        checker_problem = None if child is not None and child.accepted() else _checker_refusal(written)
+    _refuse_if_worse(model, out_path, "the ONNX checker", checker_problem, _checker_refusal)
+    _refuse_if_worse(model, out_path, "onnxruntime", runtime_problem, _onnxruntime_refusal)
     if check is not None:
-        check(written)
+        check(written, opened)
 
 
-def _refuse_if_worse(model: Model, written: Path, out_path: Path, name: str, refusal: Callable[[Path], str | None]) -> None:
-    problem = refusal(written)
+def _refuse_if_worse(model: Model, out_path: Path, name: str, problem: str | None,
+                     refusal: Callable[[Path], str | None]) -> None:
     if problem is not None and refusal(model.path) is None:
         raise InvalidOutputError(
             f"{out_path}: not written: {name} refuses the fixed model ({problem}); this is a bug in qdq, please report it"
@@ -301,8 +309,9 @@ def _checker_refusal(path: Path) -> str | None:
     return None
 
 
-def _onnxruntime_refusal(path: Path) -> str | None:
-    """Why onnxruntime cannot create a session for the file (CPU, graph optimisations off), or None.
+def _onnxruntime_refusal(path: Path, opened: list | None = None) -> str | None:
+    """Why onnxruntime cannot create a session for the file (CPU, graph optimisations off), or None;
+    the session is appended to `opened` when given (building it again would cost as much: a minute at 100k nodes).
 
     Optimisations off, as verification runs: with them on, session creation costs four times as
     much (3.4 s against 0.8 s at 10k nodes). That onnxruntime's QDQ fusions accept what qdq
@@ -311,9 +320,11 @@ def _onnxruntime_refusal(path: Path) -> str | None:
     from qdq.support.runtime import session
 
     try:
-        session(path)
+        made = session(path)
     except Exception as exc:
         return _first_line(exc)
+    if opened is not None:
+        opened.append(made)
     return None
 
 

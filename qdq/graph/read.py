@@ -13,6 +13,7 @@ import onnx
 from onnx import AttributeProto
 
 from qdq.graph import ir
+from qdq.support import progress
 
 # What a node's attribute holds in qdq, per plain attribute kind (tensors are constants, graphs graphs).
 PLAIN_ATTRIBUTES = {
@@ -74,7 +75,7 @@ class _Scope:
         inputs = [self._declared(info) for info in proto.input if info.name not in tensors
                   or not isinstance(tensors[info.name], ir.Constant)]
         outputs = [self._declared(info) for info in proto.output]
-        nodes = [self._node(node, opset) for node in proto.node]
+        nodes = [self._node(node, opset) for node in progress.each(proto.node, None)]
         return ir.Graph(nodes, inputs, outputs, proto.name, proto.doc_string, opset)
 
     def _node(self, proto: onnx.NodeProto, opset: int | None) -> ir.Node:

@@ -26,6 +26,7 @@ from onnx import AttributeProto, TensorProto, helper, numpy_helper
 
 from qdq.graph import ir
 from qdq.graph.read import PLAIN_ATTRIBUTES, dimension
+from qdq.support import progress
 
 # The parts of the GraphProto that follow qdq's graph; the rest is the input's. Quantization
 # annotations name tensors a fix may have replaced: dropped.
@@ -58,7 +59,7 @@ def _write_graph(graph: ir.Graph, source: onnx.GraphProto, out: onnx.GraphProto)
     # graph after their node's own inputs; initializers and value_info follow it.
     tensors: dict[str, ir.Tensor] = {tensor.name: tensor for tensor in graph.inputs}
     nodes = []
-    for node in graph.nodes:
+    for node in progress.each(graph.nodes, None):
         for tensor in node.inputs:
             tensors[tensor.name] = tensor
         for tensor in node.outputs:

@@ -65,11 +65,12 @@ def tick() -> None:
     step(_last)
 
 
-def each(items: Iterable[T], text: str, every: int = 1000) -> Iterator[T]:
-    """`items`, with a `step(text)` every `every` of them: a long loop over a graph keeps the line moving."""
+def each(items: Iterable[T], text: str | None, every: int = 1000) -> Iterator[T]:
+    """`items`, with a `step(text)` every `every` of them: a long loop over a graph keeps the line moving.
+    Without `text`, the line keeps saying what the last step said (`tick`)."""
     for index, item in enumerate(items):
         if index % every == 0:
-            step(text)
+            step(_last if text is None else text)
         yield item
 
 

@@ -58,16 +58,19 @@ def uncuttable(model: onnx.ModelProto, types: dict[str, int] | None = None) -> s
     whole run keeps in float32; a subgraph reads the graph around it by name, and a sparse
     initializer is not a node's plain input."""
     graph = model.graph
-    if any(_has_subgraph(n) for n in graph.node):
-        return "it has subgraphs"
+    half = {onnx.TensorProto.FLOAT16, onnx.TensorProto.BFLOAT16}
+    computes_half = False
+    for node in graph.node:  # one walk over the attributes: at 100k nodes each walk costs a second
+        constant = node.op_type == "Constant"
+        for a in node.attribute:
+            if a.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS):
+                return "it has subgraphs"
+            computes_half = computes_half or (a.name == "to" and a.i in half) or (constant and a.t.data_type in half)
     if len(graph.sparse_initializer):
         return "it has sparse initializers"
-    half = {onnx.TensorProto.FLOAT16, onnx.TensorProto.BFLOAT16}
     declared = [*graph.input, *graph.output, *graph.value_info]
-    if (half & set((types or {}).values()) or any(t.data_type in half for t in graph.initializer)
-            or any(v.type.tensor_type.elem_type in half for v in declared)
-            or any(a.name == "to" and a.i in half for n in graph.node for a in n.attribute)
-            or any(a.t.data_type in half for n in graph.node if n.op_type == "Constant" for a in n.attribute)):
+    if (computes_half or half & set((types or {}).values()) or any(t.data_type in half for t in graph.initializer)
+            or any(v.type.tensor_type.elem_type in half for v in declared)):
         return "it computes in float16"
     return None
 
@@ -81,25 +84,30 @@ class Pieces:
 
     def __init__(self, model: onnx.ModelProto, folder: Path, keep: list[str] = (), optimized: bool = False,
                  types: dict[str, int] | None = None, reused: bool = False, max_nodes: int = MAX_NODES,
-                 max_bytes: int = MAX_BYTES):
+                 max_bytes: int = MAX_BYTES, cuttable: bool = False, session=None):
         """`optimized`: onnxruntime's default optimisations, which fuse across any cut, so the model runs whole
-        (as it also does when `uncuttable`); `reused`: the caller runs it more than once."""
+        (as it also does when `uncuttable`); `reused`: the caller runs it more than once; `cuttable`: the
+        caller has found `uncuttable(model, types)` None (a walk over the whole graph, not repeated);
+        `session`: onnxruntime's session of the model whole, already built (of the file the model was read
+        from), in which it runs."""
         self.model, self.folder, self.optimized = model, Path(folder), optimized
         self._types = types or {}  # element types of tensors passed between slices, where known beforehand
         self.outputs = [o.name for o in model.graph.output]
         graph = model.graph
         self._declared = {v.name: v for v in graph.input if v.HasField("type")}  # the others: typed by their values
         self._weights = {t.name: t for t in graph.initializer}
-        nodes = topological(graph)
-        if optimized or nodes is None or uncuttable(model, types):
+        if session is not None:
+            inputs = [v.name for v in session.get_inputs()]
+            self._slices = [_Slice(list(graph.node), inputs, list(dict.fromkeys([*self.outputs, *keep])), [], True,
+                                   session)]
+        elif optimized or (nodes := topological(graph)) is None or not cuttable and uncuttable(model, types):
             inputs = [v.name for v in graph.input if v.name not in self._weights]
             self._slices = [_Slice(list(graph.node), inputs, list(dict.fromkeys([*self.outputs, *keep])), [], True)]
         else:
             self._slices = self._cut(nodes, set(self.outputs) | set(keep), max_nodes, max_bytes)
         # Sessions are kept between runs when the caller runs the model again (`reused`: the twin, which
         # chooses the random inputs first) or when it is one slice, and the weights are small.
-        small = sum(map(_bytes, graph.initializer)) <= _KEEP_SESSIONS_BYTES
-        self._keep_sessions = small and (reused or len(self._slices) == 1)
+        self._keep_sessions = small_weights(model) and (reused or len(self._slices) == 1)
 
     @property
     def count(self) -> int:
@@ -130,10 +138,19 @@ class Pieces:
             raise PieceFailed(f"no value for {', '.join(missing)}", building=False)
         return [{name: sample[name] for name in names} for sample in values]
 
+    def close(self) -> None:
+        """Free the sessions kept between runs. onnxruntime frees a session holding the interpreter lock
+        (a second or two at 100k nodes), so each is freed after a step of the progress line."""
+        for piece in self._slices:
+            if piece.session is not None:
+                progress.step("freeing onnxruntime sessions")
+                piece.session = None
+
     def _cut(self, nodes: list[onnx.NodeProto], wanted: set[str], max_nodes: int, max_bytes: float) -> list[_Slice]:
         groups, current, size = [], [], 0
-        for unit in self._units(nodes):
-            weight = sum(_bytes(self._weights[n]) for node in unit for n in node.input if n in self._weights)
+        sizes = {name: _bytes(tensor) for name, tensor in self._weights.items()}
+        for unit in progress.each(self._units(nodes), "cutting the model into pieces"):
+            weight = sum(sizes[n] for node in unit for n in node.input if n in sizes)
             if current and (len(current) + len(unit) > max_nodes or size + weight > max_bytes):
                 groups.append(current)
                 current, size = [], 0
@@ -143,6 +160,7 @@ class Pieces:
         read_later: set[str] = set(wanted)
         slices: list[_Slice] = []
         for group in reversed(groups):  # what each slice must give is what later slices read
+            progress.step("cutting the model into pieces")
             made = {o for n in group for o in n.output if o}
             reads = list(dict.fromkeys(i for n in group for i in n.input if i and i not in made))
             weights = [self._weights[n] for n in reads if n in self._weights]
@@ -243,6 +261,12 @@ class Pieces:
         made = helper.make_model(graph, opset_imports=self.model.opset_import, ir_version=self.model.ir_version)
         made.functions.extend(self.model.functions)
         return made
+
+
+def small_weights(model: onnx.ModelProto) -> bool:
+    """Whether the model's weights are small enough for sessions holding them to be kept between runs."""
+    weights = progress.each(model.graph.initializer, "adding up the model's weights")
+    return sum(map(_bytes, weights)) <= _KEEP_SESSIONS_BYTES
 
 
 def element_types(model: onnx.ModelProto) -> dict[str, int]:

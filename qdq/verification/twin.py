@@ -15,6 +15,7 @@ not know (QDQ006's quantizers and integer kernels); `Twin.reason` says why.
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -151,17 +152,40 @@ def _output_type(dq: onnx.NodeProto, ranges: Quantizers) -> int | None:
 
 
 def _drop_dead_nodes(graph: onnx.GraphProto) -> None:
-    """Remove the nodes nothing reads any more (the bypassed Qs and Clips), so the twin computes no integers."""
-    while True:
-        progress.step("building the float twin")
-        read = {name for node in graph.node for name in node.input} | {o.name for o in graph.output}
-        read |= {name for node in graph.node for attr in node.attribute for sub in _subgraphs(attr)
-                 for name in _outer_names(sub)}
-        keep = [node for node in graph.node if any(name in read for name in node.output if name)]
-        if len(keep) == len(graph.node):
-            return
+    """Remove the nodes nothing reads any more (the bypassed Qs and Clips), so the twin computes no integers.
+
+    A node goes when no graph output and no remaining node reads any of its outputs; dropping it may
+    leave the nodes it read unread in turn. Each node's reads are counted once, not the graph walked per drop.
+    """
+    progress.step("building the float twin")
+    nodes = list(graph.node)
+    reads = [set(node.input) | {name for attr in node.attribute for sub in _subgraphs(attr) for name in _outer_names(sub)}
+             for node in nodes]
+    readers = Counter(name for names in reads for name in names)
+    read_outside = {o.name for o in graph.output}
+    producers: dict[str, list[int]] = {}
+    for i, node in enumerate(nodes):
+        for name in node.output:
+            if name:
+                producers.setdefault(name, []).append(i)
+
+    def unread(i: int) -> bool:
+        return not any(name in read_outside or readers[name] for name in nodes[i].output if name)
+
+    dropped = [False] * len(nodes)
+    pending = [i for i in range(len(nodes)) if unread(i)]
+    while pending:
+        i = pending.pop()
+        if dropped[i]:
+            continue
+        dropped[i] = True
+        for name in reads[i]:
+            readers[name] -= 1
+            if not readers[name]:
+                pending += [j for j in producers.get(name, ()) if not dropped[j] and unread(j)]
+    if any(dropped):
         del graph.node[:]
-        graph.node.extend(keep)
+        graph.node.extend(node for node, gone in zip(nodes, dropped) if not gone)
 
 
 def _subgraphs(attr: onnx.AttributeProto) -> list[onnx.GraphProto]:

@@ -40,7 +40,7 @@ from qdq.support import progress
 from qdq.support.errors import QdqError, RuleSetError
 from qdq.verification.change import changed_region, whole
 from qdq.verification.meant_inputs import meant_inputs, watch
-from qdq.verification.pieces import PieceFailed, Pieces, element_types, joined, uncuttable
+from qdq.verification.pieces import PieceFailed, Pieces, element_types, joined, small_weights, uncuttable
 from qdq.verification.twin import Twin, float_twin
 from qdq.verification.verify import (
     CandidateFailed, OutputComparison, Quantizers, UnfeedableInput, VerifyResult, as_array, cannot_load,
@@ -107,30 +107,40 @@ def judge(
     seed: int = 0,
     shapes: dict[str, tuple[int, ...]] | None = None,
     exact: bool = False,
+    opened: list | None = None,
 ) -> VerifyResult:
     """Run the reference (the input model), its float twin and the candidate, and decide per output.
 
     `samples` are the user's feeds; without them random inputs the model is meant to see are drawn
     (`seed`, `shapes` for dynamic dimensions). `exact`: the change claims to keep every output bit for bit.
+    `opened`: a one-item list holding onnxruntime's session of the candidate file (optimisations off),
+    when the caller has built one (`qdq fix` has, to check the file it writes); the verdict takes it.
     """
     reference, candidate = Path(reference), Path(candidate)
     proto = onnx.load(str(reference), load_external_data=False)
     fixed = onnx.load(str(candidate), load_external_data=False)
+    optimized = criterion.runtime == "optimized" and not exact
+    # The caller's session of the candidate file may stand for the fixed model's run (optimisations off, outputs
+    # only, weights small enough to keep it while the others run); otherwise it is freed here.
+    built = opened.pop() if opened else None
+    if built is not None and (optimized or exact or not small_weights(fixed)):
+        built = None
     twin = float_twin(proto, ruleset.params_of("QDQ006"), reference.parent) \
         if not exact else Twin(None, 0, "the change claims to be exact")
-    optimized = criterion.runtime == "optimized" and not exact
     if twin.model is not None and samples is None:
         watch(twin)  # the twin also outputs what its quantizers read: random inputs are chosen on it
     observe = (criterion, samples, inputs_label, seed, shapes)
     deep = _deepest(proto, fixed, twin) if twin.model is not None and not optimized else []
     runtime = "onnxruntime, default optimisations" if optimized else "onnxruntime, optimisations off"
     try:
-        runs = _Runs(reference, proto, candidate, fixed, twin, optimized, exact, deep)
+        runs = _Runs(reference, proto, candidate, fixed, twin, optimized, exact, deep, built)
+        del built  # held by the fixed model's pieces when they run in it, otherwise freed now
         samples, inputs_label, (ref_out, cand_out, twin_out) = _observe(runs, *observe)
     except _OptimizedRefused as refused:  # the input itself does not run as users run it: judge what the file says
         runtime = f"onnxruntime, optimisations off (the input model fails with its default optimisations: {refused})"
         runs = _Runs(reference, proto, candidate, fixed, twin, False, exact, deep)
         samples, inputs_label, (ref_out, cand_out, twin_out) = _observe(runs, *observe)
+    runs.close()
     result = VerifyResult(
         reference=str(reference), candidate=str(candidate), inputs=inputs_label, atol=criterion.atol,
         rtol=criterion.rtol, min_sqnr=criterion.min_sqnr,
@@ -193,11 +203,16 @@ def _observe(runs: _Runs, criterion: Criterion, samples: list | None, label: str
     inputs the model is meant to see, and when those tell nothing, on white noise over the whole input range."""
     if samples is not None:
         return samples, label, runs.outputs(samples, label)
-    for chosen, probe, first in ((runs.twin, runs.twin_pieces, seed), (Twin(None, 0), None, seed + 1)):
+    attempts = ((runs.twin, runs.twin_pieces, seed), (Twin(None, 0), None, seed + 1))
+    for number, (chosen, probe, first) in enumerate(attempts, 1):
         samples, label, twin_out = meant_inputs(runs.reference, runs.candidate, chosen, probe, criterion, first, shapes)
-        outputs = runs.outputs(samples, label, twin_out)
-        if all(_evidence(name, outputs[0], outputs[2], len(samples)) for name in runs.output_names):
-            break
+        # The twin ran first, on these samples: where its outputs already tell nothing, so will the three together,
+        # and the input and fixed models need not run on them.
+        told = twin_out is None or all(_evidence(name, twin_out, None, len(samples)) for name in runs.output_names)
+        if told or number == len(attempts):
+            outputs = runs.outputs(samples, label, twin_out)
+            if all(_evidence(name, outputs[0], outputs[2], len(samples)) for name in runs.output_names):
+                break
         log.info("the reference's outputs carry no information on %s; trying the input range whole", label)
     return samples, label, outputs
 
@@ -207,7 +222,7 @@ class _Runs:
     model's changed region (`qdq.verification.change`) fed with the input's values at its boundary, and the float twin."""
 
     def __init__(self, reference: Path, proto: onnx.ModelProto, candidate: Path, fixed: onnx.ModelProto,
-                 twin: Twin, optimized: bool, exact: bool, deep: list[str]):
+                 twin: Twin, optimized: bool, exact: bool, deep: list[str], built=None):
         self.reference, self.candidate, self.twin, self.optimized = reference, candidate, twin, optimized
         self.deep = deep
         self.output_names = [o.name for o in proto.graph.output if o.name not in deep]
@@ -218,6 +233,13 @@ class _Runs:
         cut = not optimized and not uncuttable(proto, types) and not uncuttable(fixed)
         self.region = changed_region(proto, reference.parent, fixed, candidate.parent) if cut else whole(fixed)
         log.info("the fixed model differs from the input in %d of its %d nodes", self.region.nodes, self.region.of)
+        # Where the fix changed most of the model, running `built`, the session of the whole file, costs less
+        # than building the region's pieces; not when the deepest tensors are read out, which the file's
+        # session does not output.
+        if built is not None and not deep and self.region.nodes * 2 >= self.region.of:
+            self.region = whole(fixed)
+        else:
+            built = None
         # An exact change is held to the integers too: the quantized tensors of its region the input also computes.
         computed = {o: n for n in proto.graph.node for o in n.output}
         self.quantizers = {n.output[0]: (computed[n.output[0]], n) for n in self.region.model.graph.node
@@ -226,10 +248,12 @@ class _Runs:
         self._grids = (Quantizers(proto.graph, reference.parent), Quantizers(fixed.graph, candidate.parent)) \
             if self.quantizers else ()
         self.integers: dict[str, tuple[np.ndarray, np.ndarray]] = {}
+        # Both were found cuttable above, and so is the region (a part of the fixed model, typed by the input's types).
         self.reference_pieces = Pieces(proto, reference.parent, keep=self.region.boundary + self.integer_names,
-                                       optimized=optimized, types=types)
+                                       optimized=optimized, types=types, cuttable=cut)
         self.region_pieces = Pieces(self.region.model, candidate.parent, keep=self.integer_names, optimized=optimized,
-                                    types=types) if self.region.model.graph.output or self.integer_names else None
+                                    types=types, cuttable=cut, session=built) \
+            if self.region.model.graph.output or self.integer_names else None
         self.twin_pieces = Pieces(twin.model, reference.parent, types=types, reused=True) \
             if twin.model is not None else None
 
@@ -252,6 +276,12 @@ class _Runs:
         as_arrays = [{name: as_array(value, name, path) for name, value in joined(runs, names).items()}
                      for runs, path in ((ref_runs, self.reference), (cand_runs, self.candidate))]
         return as_arrays[0], as_arrays[1], twin_out
+
+    def close(self) -> None:
+        """Free the sessions kept for more runs, one at a time, so the progress line moves between them."""
+        for pieces in (self.reference_pieces, self.region_pieces, self.twin_pieces):
+            if pieces is not None:
+                pieces.close()
 
     def same_integers(self, name: str) -> bool:
         """Whether the quantized tensor `name` stands for the same values in both models: the same scale, and the

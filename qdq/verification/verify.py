@@ -194,9 +194,9 @@ class RandomInputs:
         self.inputs = _graph_inputs(self.graph)
         self.shapes = dict(shapes or {})
         _check_shapes(self.inputs, self.shapes, self.model_path)
-        self.quantizers = [Quantizers(self.graph, self.model_path.parent)]
-        if range_from is not None:
-            self.quantizers.append(Quantizers(_load_graph(Path(range_from)), Path(range_from).parent))
+        self.quantizers = Quantizers(self.graph, self.model_path.parent)
+        self.range_from = Path(range_from) if range_from is not None else None
+        self._range_from_quantizers: Quantizers | None = None
 
     def draw(self, seed: int = 0, amplitude: float = 1.0, smooth: bool = False) -> dict[str, np.ndarray]:
         """One draw. `amplitude` < 1 narrows float values around the middle of their range (or the
@@ -216,7 +216,7 @@ class RandomInputs:
                     "give --inputs FILE.npz"
                 )
             if elem_type in _FLOAT_TYPES:
-                bounds = next((b for q in self.quantizers if (b := q.range_of(value.name, shape)) is not None), None)
+                bounds = self._bounds(value.name, shape)
                 if amplitude != 1.0 or smooth:
                     center, half = ((bounds[0] + bounds[1]) / 2, (bounds[1] - bounds[0]) / 2) if bounds is not None \
                         else (0.0, 1.0)
@@ -239,6 +239,16 @@ class RandomInputs:
             else:
                 feeds[value.name] = np.zeros(shape, dtype=dtype)
         return feeds
+
+    def _bounds(self, name: str, shape: tuple[int, ...]) -> tuple[np.ndarray, np.ndarray] | None:
+        """The float range of the input's Q in this model, else in `range_from`: that model is read only when
+        this one has no such Q (reading a 100k-node graph's quantizers costs about a second)."""
+        bounds = self.quantizers.range_of(name, shape)
+        if bounds is None and self.range_from is not None:
+            if self._range_from_quantizers is None:
+                self._range_from_quantizers = Quantizers(_load_graph(self.range_from), self.range_from.parent)
+            bounds = self._range_from_quantizers.range_of(name, shape)
+        return bounds
 
 
 def smooth_noise(rng: np.random.Generator, shape: tuple[int, ...]) -> np.ndarray:
@@ -664,14 +674,18 @@ class Quantizers:
 
     def __init__(self, graph: onnx.GraphProto, folder: Path):
         self.folder = str(folder)
+        self._constants: dict[str, tuple[np.ndarray, int] | None] = {}
         self.initializers = {t.name: t for t in graph.initializer}
         self.producers = {out: node for node in graph.node for out in node.output if out}
         self.readers: dict[str, list[onnx.NodeProto]] = {}
-        self.consumers: dict[str, list[onnx.NodeProto]] = {}
         for node in graph.node:
             if node.op_type == QUANTIZE and node.domain in QDQ_DOMAINS and len(node.input) >= 2:
                 self.readers.setdefault(node.input[0], []).append(node)
-            for name in set(node.input):
+        # The readers of each QuantizeLinear's integers (`_integer_bounds` asks for nothing else).
+        integers = {name for node in graph.node if node.op_type == QUANTIZE for name in node.output[:1]}
+        self.consumers: dict[str, list[onnx.NodeProto]] = {}
+        for node in graph.node:
+            for name in set(node.input) & integers:
                 self.consumers.setdefault(name, []).append(node)
 
     def range_of(self, name: str, shape: tuple[int, ...]) -> tuple[np.ndarray, np.ndarray] | None:
@@ -730,7 +744,13 @@ class Quantizers:
                 qmax if high is None else min(qmax, math.floor(high)))
 
     def constant(self, name: str) -> tuple[np.ndarray, int] | None:
-        """The value and element type of `name` if constants alone make it, through Identity and Cast."""
+        """The value and element type of `name` if constants alone make it, through Identity and Cast.
+        Read once per name: a Q and its DQs share their scale, and the twin's saturation probe asks again."""
+        if name not in self._constants:
+            self._constants[name] = self._read_constant(name)
+        return self._constants[name]
+
+    def _read_constant(self, name: str) -> tuple[np.ndarray, int] | None:
         cast_to, seen = None, set()
         while name not in self.initializers:
             node = self.producers.get(name)
