@@ -11,10 +11,12 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from builders import GraphBuilder
 from cli_run import qdq
 from float_reference import float_error
 from npu_constraints import check
 
+from qdq.commands.fix import _search_objective
 from qdq.engine import exponent_search
 from qdq.engine.fix import fix
 from qdq.engine.ruleset import load_rules_file, load_target
@@ -74,9 +76,26 @@ def test_the_search_keeps_to_its_budget(monkeypatch):
     samples = load_samples(CORPUS / "float" / "yolo.npz", YOLO)[:2]
     model, ruleset = load_model(YOLO), load_target("npu")
     fixed = fix(model, ruleset)
-    exponent_search.search_exponents(model, YOLO, samples, ruleset, fixed, budget=5)
+    exponent_search.search_exponents(model, _search_objective(YOLO, ruleset), samples, ruleset, fixed, budget=5)
     assert len(fixes) == 5
-    assert 2 <= len(runs) <= 2 + 5  # the input model, the fixed model, then the candidates that stayed clean
+    assert 2 <= len(runs) <= 2 + 5  # the float twin, the fixed model, then the candidates that stayed clean
+
+
+def test_the_input_model_stands_in_where_there_is_no_float_twin(tmp_path):
+    """Weights quantized, activations float: no twin, so the search aims at the input model and says so."""
+    b = GraphBuilder(opset=13)
+    weight = (np.random.default_rng(0).standard_normal((8, 4, 3, 3)) * 0.2).astype(np.float32)
+    b.node("Conv", [b.input("x", [1, 4, 8, 8]), b.weight("w", weight, 0.01)], ["y"], name="conv")
+    b.output("y", [1, 8, 6, 6])
+    model = b.save(tmp_path / "weights_only.onnx")
+    objective = _search_objective(model, load_target("npu"))
+    assert objective.what == "the input model" and "no activation" in objective.reason
+    calibration = tmp_path / "samples.npz"
+    np.savez(calibration, x=np.random.default_rng(1).uniform(-1, 1, (4, 4, 8, 8)).astype(np.float32))
+    run = qdq("fix", model, "--target", "npu", "-o", tmp_path / "fixed.onnx", "--calibrate", calibration,
+              "--no-verify", "-v")
+    assert run.code == 0, run.out + run.err
+    assert "exponent search: aiming at the input model (no float twin" in run.err
 
 
 def test_search_settings_are_checked(tmp_path):
