@@ -1,7 +1,9 @@
 """NPU power-of-two positions chosen on calibration data (issue 16, point 3), on FX QAT exports of the corpus.
 
-Errors are rel L2 of the logits against the float model over the 16 calibration samples of
-tests/corpus/float/ARCH.npz, onnxruntime optimisations off, measured when these tests were written.
+Errors are rel L2 of the logits over the 16 calibration samples of tests/corpus/float/ARCH.npz,
+onnxruntime optimisations off, measured when these tests were written, from the export's float twin:
+the QAT network computed in float, which the search aims at and the verdict judges by. (The float
+model the export was trained from is 0.19-0.34 away from every export's twin: QAT moved the weights.)
 """
 
 from __future__ import annotations
@@ -10,21 +12,26 @@ import json
 from pathlib import Path
 
 import numpy as np
+import onnx
 import pytest
+from builders import GraphBuilder
 from cli_run import qdq
-from float_reference import float_error
+from float_reference import logits
 from npu_constraints import check
 
+from qdq.commands.fix import _search_objective
 from qdq.engine import exponent_search
 from qdq.engine.fix import fix
 from qdq.engine.ruleset import load_rules_file, load_target
 from qdq.graph.model import load_model
 from qdq.quant.calibrate import tensor_ranges
 from qdq.support.errors import RuleSetError
+from qdq.verification.twin import float_twin
 from qdq.verification.verify import load_samples
 
 CORPUS = Path(__file__).parent / "corpus"
 RESNET = CORPUS / "torch" / "resnet_fx_qat_qnnpack.onnx"
+RESNET_X86 = CORPUS / "torch" / "resnet_fx_qat_x86.onnx"
 YOLO = CORPUS / "torch" / "yolo_fx_qat_qnnpack.onnx"
 
 
@@ -47,22 +54,31 @@ def test_ranges_cover_every_sample():
                               float(np.load(CORPUS / "float" / "resnet.npz")["input"].max()))
 
 
-def test_fix_with_calibration_data_is_clean_and_closer_to_float(tmp_path):
-    """ResNet FX QAT (qnnpack): export 0.336, `qdq fix --target npu` 0.364, with 16 samples 0.330.
-
-    The search runs out of improving moves well within the default budget (~5 s).
+def test_fix_with_calibration_data_is_clean_and_closer_to_the_float_twin(tmp_path):
+    """ResNet FX QAT (x86), rel L2 from the export's float twin: export 0.0391, `qdq fix --target npu` 0.0633,
+    with the 16 samples 0.0386: no further than the export + 0.002 (issue 35). Aiming at the input
+    model's outputs instead ended at 0.0416.
     """
     calibration = CORPUS / "float" / "resnet.npz"
     no_data, with_data, report = tmp_path / "no_data.onnx", tmp_path / "with_data.onnx", tmp_path / "report.json"
-    assert qdq("fix", RESNET, "--target", "npu", "-o", no_data, "--no-verify").code == 0
-    run = qdq("fix", RESNET, "--target", "npu", "-o", with_data, "--calibrate", calibration, "--no-verify",
+    assert qdq("fix", RESNET_X86, "--target", "npu", "-o", no_data, "--no-verify").code == 0
+    run = qdq("fix", RESNET_X86, "--target", "npu", "-o", with_data, "--calibrate", calibration, "--no-verify",
               "--report", report)
     assert run.code == 0, run.out + run.err
     assert qdq("lint", with_data, "--target", "npu").code == 0
     assert check(with_data) == []
     chosen = [c for c in json.loads(report.read_text())["changes"] if "chosen on data" in c["description"]]
-    assert chosen and all(c["values"]["gain"] > 0 for c in chosen)
-    assert float_error("resnet", with_data) <= float_error("resnet", no_data)
+    assert chosen and all(c["values"]["gain"] > 0 and "from the float twin" in c["description"] for c in chosen)
+    twin = tmp_path / "twin.onnx"
+    onnx.save(float_twin(onnx.load(str(RESNET_X86)), load_target("npu").params_of("QDQ006")).model, str(twin))
+    (want,) = logits(twin, "resnet")
+
+    def from_twin(path: Path) -> float:
+        (got,) = logits(path, "resnet")
+        return float(np.linalg.norm(got - want) / np.linalg.norm(want))
+
+    assert from_twin(with_data) < from_twin(no_data) * 0.9
+    assert from_twin(with_data) <= from_twin(RESNET_X86) + 0.002
 
 
 def test_the_search_keeps_to_its_budget(monkeypatch):
@@ -74,9 +90,26 @@ def test_the_search_keeps_to_its_budget(monkeypatch):
     samples = load_samples(CORPUS / "float" / "yolo.npz", YOLO)[:2]
     model, ruleset = load_model(YOLO), load_target("npu")
     fixed = fix(model, ruleset)
-    exponent_search.search_exponents(model, YOLO, samples, ruleset, fixed, budget=5)
+    exponent_search.search_exponents(model, _search_objective(YOLO, ruleset), samples, ruleset, fixed, budget=5)
     assert len(fixes) == 5
-    assert 2 <= len(runs) <= 2 + 5  # the input model, the fixed model, then the candidates that stayed clean
+    assert 2 <= len(runs) <= 2 + 5  # the float twin, the fixed model, then the candidates that stayed clean
+
+
+def test_the_input_model_stands_in_where_there_is_no_float_twin(tmp_path):
+    """Weights quantized, activations float: no twin, so the search aims at the input model and says so."""
+    b = GraphBuilder(opset=13)
+    weight = (np.random.default_rng(0).standard_normal((8, 4, 3, 3)) * 0.2).astype(np.float32)
+    b.node("Conv", [b.input("x", [1, 4, 8, 8]), b.weight("w", weight, 0.01)], ["y"], name="conv")
+    b.output("y", [1, 8, 6, 6])
+    model = b.save(tmp_path / "weights_only.onnx")
+    objective = _search_objective(model, load_target("npu"))
+    assert objective.what == "the input model" and "no activation" in objective.reason
+    calibration = tmp_path / "samples.npz"
+    np.savez(calibration, x=np.random.default_rng(1).uniform(-1, 1, (4, 4, 8, 8)).astype(np.float32))
+    run = qdq("fix", model, "--target", "npu", "-o", tmp_path / "fixed.onnx", "--calibrate", calibration,
+              "--no-verify", "-v")
+    assert run.code == 0, run.out + run.err
+    assert "exponent search: aiming at the input model (no float twin" in run.err
 
 
 def test_search_settings_are_checked(tmp_path):

@@ -6,6 +6,8 @@ import argparse
 import tempfile
 from pathlib import Path
 
+import onnx
+
 from qdq.reports import neighbourhood
 from qdq.support import progress
 from qdq.commands.args import (
@@ -25,7 +27,7 @@ from qdq.commands.args import (
     resolve_ruleset,
     verdict_gates,
 )
-from qdq.engine.exponent_search import search_exponents, search_settings
+from qdq.engine.exponent_search import Objective, search_exponents, search_settings
 from qdq.engine.fix import DEFAULT_MAX_ROUNDS, FixResult, fix
 from qdq.engine.lint import LintResult, lint
 from qdq.engine.registry import all_rules
@@ -39,6 +41,7 @@ from qdq.reports.json import dumps
 from qdq.rewrite.rule import FixSafety
 from qdq.support.errors import InvalidOutputError
 from qdq.support.files import atomic_write_text, check_writable, same_file
+from qdq.verification.twin import float_twin
 from qdq.verification.verdict import Criterion, judge
 from qdq.verification.verify import CandidateFailed, UnfeedableInput, VerifyResult, load_samples
 
@@ -117,7 +120,8 @@ def run(args: argparse.Namespace) -> int:
     fixed = fix(model, ruleset, exact_only=args.exact_only, max_rounds=args.max_rounds, ranges=ranges)
     search, budget = search_settings(ruleset)
     if search and samples and fixed.converged and not args.exact_only:
-        fixed = search_exponents(model, args.model, samples, ruleset, fixed, ranges, budget)
+        fixed = search_exponents(model, _search_objective(args.model, ruleset), samples, ruleset, fixed, ranges,
+                                 budget)
     drop_ignored(fixed.result, config.per_node_ignores)  # as `qdq lint` reports them
     if not fixed.changes:
         skipped = None  # nothing to verify
@@ -139,6 +143,16 @@ def run(args: argparse.Namespace) -> int:
     )
     emit(None, text)
     return EXIT_CLEAN if passed else EXIT_NOT_CLEAN
+
+
+def _search_objective(path: Path, ruleset: RuleSet) -> Objective:
+    """What the exponent search aims at: the input's float twin, which the verdict judges by; the input
+    model itself where the twin cannot be built."""
+    proto = onnx.load(str(path), load_external_data=False)
+    twin = float_twin(proto, ruleset.params_of("QDQ006"), path.parent)
+    if twin.model is None:
+        return Objective(proto, "the input model", f"no float twin: {twin.reason}")
+    return Objective(twin.model, "the float twin")
 
 
 def _drawn_findings(model: Model, ruleset, ranges, per_node_ignores: dict[str, list[str]]) -> LintResult:

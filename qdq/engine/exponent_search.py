@@ -6,18 +6,23 @@ the position that is best for the model's outputs depends on everything downstre
 refined: each activation's and weight's position is tried one step finer and one coarser; the fix
 driver then restores every constraint the move broke (an int32 bias follows its weight, a Concat
 re-aligns, a shift limit pulls a neighbour along), and the move is kept when the result is still
-lint-clean and its outputs on the calibration samples are closer to the input model's. Every
-candidate costs a fix and, if it stays lint-clean, one onnxruntime run per sample; `budget` bounds
-how many candidates are tried.
+lint-clean and its outputs on the calibration samples are closer to the objective's.
+
+The objective is the input's float twin (`qdq.verification.twin`), which the verdict and the user
+judge the fix by: aiming at the input model's own outputs would copy its quantization error, and
+measured on FX QAT exports that ends further from float than the export. Where the twin cannot be
+built the input model stands in, and the log and every chosen move say which. Every candidate
+costs a fix and, if it stays lint-clean, one onnxruntime run per sample; `budget` bounds how many
+candidates are tried.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import logging
-from pathlib import Path
 
 import numpy as np
+import onnx
 
 from qdq.engine.fix import FixResult, fix
 from qdq.engine.ruleset import RuleSet
@@ -34,6 +39,16 @@ from qdq.support.errors import RuleSetError
 log = logging.getLogger("qdq")
 
 DEFAULT_BUDGET = 200
+
+
+@dataclasses.dataclass(frozen=True)
+class Objective:
+    """The model whose outputs on the calibration samples the search moves towards, and what it is."""
+
+    model: onnx.ModelProto
+    what: str  # "the float twin" or "the input model", as the log and the changes say it
+    reason: str = ""  # why the input model stands in: the twin could not be built
+
 # Moves are attributed to the rule that chooses power-of-two positions.
 CODE = "QDQ504"
 
@@ -54,7 +69,7 @@ def search_settings(ruleset: RuleSet) -> tuple[bool, int]:
 
 def search_exponents(
     model: Model,
-    reference: Path,
+    objective: Objective,
     samples: list[dict[str, np.ndarray]],
     ruleset: RuleSet,
     fixed: FixResult,
@@ -63,15 +78,16 @@ def search_exponents(
 ) -> FixResult:
     """Refine `model` (the converged result `fixed` of `fix`) in place; its changes and lint extended.
 
-    `reference` is the input model the outputs are compared with on `samples` (feeds).
+    Moves are kept when they bring the outputs on `samples` (feeds) closer to `objective`'s.
     """
     if model.uses_external_data:  # candidates are run from memory, where external data cannot be found
         log.warning("exponent search skipped: the model keeps its weights in external data files")
         return fixed
-    wanted = _outputs(reference.read_bytes(), samples)
+    wanted = _outputs(objective.model.SerializeToString(), samples)
     allowed, result = _finding_keys(fixed), fixed.result
     best = _error(model, samples, wanted)
-    log.info("exponent search: output rel L2 against the input model %.4g before", best)
+    log.info("exponent search: aiming at %s%s; output rel L2 from it %.4g before", objective.what,
+             f" ({objective.reason})" if objective.reason else "", best)
     changes, edits, evaluations, improved = list(fixed.changes), list(fixed.edits), 0, True
     while improved and evaluations < budget:
         improved = False
@@ -91,14 +107,15 @@ def search_exponents(
                     continue
                 error = _error(candidate, samples, wanted)
                 if error < best:
-                    moved[0].description += f"; chosen on data: output rel L2 {best:.4g} → {error:.4g}"
+                    moved[0].description += (f"; chosen on data: output rel L2 from {objective.what} "
+                                             f"{best:.4g} → {error:.4g}")
                     moved[0].values["gain"] = best - error
                     changes += moved + refixed.changes
                     edits += journal.records + refixed.edits
                     best, model.graph, result = error, candidate.graph, refixed.result
                     improved = True
                     break
-    log.info("exponent search: %d evaluation(s), output rel L2 %.4g after", evaluations, best)
+    log.info("exponent search: %d evaluation(s), output rel L2 from %s %.4g after", evaluations, objective.what, best)
     return dataclasses.replace(fixed, changes=changes, result=result, edits=edits)
 
 
