@@ -57,8 +57,9 @@ def test_ranges_cover_every_sample():
 
 def test_fix_with_calibration_data_is_clean_and_closer_to_the_float_twin(tmp_path):
     """ResNet FX QAT (x86), rel L2 from the export's float twin: export 0.0391, `qdq fix --target npu` 0.0633,
-    with the 16 samples 0.0386: no further than the export + 0.002 (issue 35). Aiming at the input
-    model's outputs instead ended at 0.0416.
+    with the 16 samples 0.0580. Only moves whose gain the samples share are kept: keeping every move
+    that lowers the total reached 0.0386 on these samples and was further from the twin than the fix
+    without data on samples held out (docs/benchmarks.md).
     """
     calibration = CORPUS / "float" / "resnet.npz"
     no_data, with_data, report = tmp_path / "no_data.onnx", tmp_path / "with_data.onnx", tmp_path / "report.json"
@@ -78,8 +79,7 @@ def test_fix_with_calibration_data_is_clean_and_closer_to_the_float_twin(tmp_pat
         (got,) = logits(path, "resnet")
         return float(np.linalg.norm(got - want) / np.linalg.norm(want))
 
-    assert from_twin(with_data) < from_twin(no_data) * 0.9
-    assert from_twin(with_data) <= from_twin(RESNET_X86) + 0.002
+    assert from_twin(with_data) < from_twin(no_data) * 0.95
 
 
 def test_the_search_keeps_to_its_budget(monkeypatch):
@@ -128,3 +128,13 @@ def test_verification_compares_over_every_sample():
     assert run.code == 0, run.out + run.err
     (output,) = run.json()["outputs"]
     assert output["shape"] == [16, 10] and output["identical"]
+
+
+def test_a_gain_one_sample_makes_is_not_shared():
+    """The search keeps a move only when the samples share its gain (mean above twice its standard error):
+    a gain one borderline sample makes fits that sample, and held out it does not carry over."""
+    shared = exponent_search._shared
+    assert shared(np.array([0.3, 0.2, 0.25, 0.35, 0.3, 0.2]))
+    assert not shared(np.array([2.0, 0.0, 0.0, 0.0, 0.0, 0.0]))
+    assert not shared(np.array([0.5, -0.4, 0.3, -0.3, 0.2, -0.2]))
+    assert shared(np.array([5.0, -1.0, 1.0]))  # fewer than 4 samples cannot tell: any gain counts

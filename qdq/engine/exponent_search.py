@@ -6,7 +6,9 @@ the position that is best for the model's outputs depends on everything downstre
 refined: each activation's and weight's position is tried one step finer and one coarser; the fix
 driver then restores every constraint the move broke (an int32 bias follows its weight, a Concat
 re-aligns, a shift limit pulls a neighbour along), and the move is kept when the result is still
-lint-clean and its outputs on the calibration samples are closer to the objective's.
+lint-clean, its outputs on the calibration samples are closer to the objective's, and the gain is
+one most samples share (a paired test over the samples): a move that helps only one or two
+samples fits them and, measured on samples held out, does not carry over.
 
 The objective is the input's float twin (`qdq.verification.twin`), which the verdict and the user
 judge the fix by: aiming at the input model's own outputs copies its quantization error (on the
@@ -86,7 +88,7 @@ def search_exponents(
         return fixed
     wanted = _outputs(objective.model.SerializeToString(), samples)
     allowed, result = _finding_keys(fixed), fixed.result
-    best = _error(model, samples, wanted)
+    best, best_each = _error(model, samples, wanted)
     log.info("exponent search: aiming at %s%s; output rel L2 from it %.4g before", objective.what,
              f" ({objective.reason})" if objective.reason else "", best)
     changes, edits, evaluations, improved = list(fixed.changes), list(fixed.edits), 0, True
@@ -106,14 +108,14 @@ def search_exponents(
                 refixed = fix(candidate, ruleset, ranges=ranges)
                 if not refixed.converged or not _finding_keys(refixed) <= allowed:
                     continue
-                error = _error(candidate, samples, wanted)
-                if error < best:
+                error, each = _error(candidate, samples, wanted)
+                if error < best and _shared(best_each - each):
                     moved[0].description += (f"; chosen on data: output rel L2 from {objective.what} "
                                              f"{best:.4g} → {error:.4g}")
                     moved[0].values["gain"] = best - error
                     changes += moved + refixed.changes
                     edits += journal.records + refixed.edits
-                    best, model.graph, result = error, candidate.graph, refixed.result
+                    best, best_each, model.graph, result = error, each, candidate.graph, refixed.result
                     improved = True
                     break
     log.info("exponent search: %d evaluation(s), output rel L2 from %s %.4g after", evaluations, objective.what, best)
@@ -147,13 +149,32 @@ def _finding_keys(fixed: FixResult) -> set[tuple]:
     return {(f.code, f.node, f.tensors) for f in fixed.result.failing(Severity.WARNING)}
 
 
-def _error(model: Model, samples: list[dict[str, np.ndarray]], wanted: list[list[np.ndarray]]) -> float:
-    """Relative L2 distance of the model's outputs from `wanted`, over every output and sample."""
+def _shared(gains: np.ndarray) -> bool:
+    """Whether a gain (per sample, in squared error) is one the samples share: its mean at least twice
+    its standard error. Fewer than 4 samples cannot tell, and any gain counts."""
+    if len(gains) < 4:
+        return True
+    return float(gains.mean()) > 2 * float(gains.std(ddof=1)) / np.sqrt(len(gains))
+
+
+def _error(model: Model, samples: list[dict[str, np.ndarray]], wanted: list[list[np.ndarray]]) -> tuple[float, np.ndarray]:
+    """Relative L2 distance of the model's outputs from `wanted` over every output and sample, and each
+    sample's squared error."""
     got = _outputs(to_proto(model).SerializeToString(), samples)
-    pairs = [(g.astype(np.float64), w.astype(np.float64)) for gs_, ws in zip(got, wanted) for g, w in zip(gs_, ws)]
-    diff = sum(float(np.sum((g - w) ** 2)) for g, w in pairs)
-    norm = sum(float(np.sum(w**2)) for _, w in pairs)
-    return float(np.sqrt(diff / norm)) if norm else float(np.sqrt(diff))
+    each = np.concatenate([_squared_errors(feeds, gs, ws) for feeds, gs, ws in zip(samples, got, wanted)])
+    norm = sum(float(np.sum(w.astype(np.float64) ** 2)) for ws in wanted for w in ws)
+    return float(np.sqrt(each.sum() / norm)) if norm else float(np.sqrt(each.sum())), each
+
+
+def _squared_errors(feeds: dict[str, np.ndarray], got: list[np.ndarray], wanted: list[np.ndarray]) -> np.ndarray:
+    """Squared error per sample of one run: per row of axis 0 when the feed holds N samples there (a
+    dynamic batch, `load_samples`) and every output has N rows, else one figure for the run."""
+    sizes = {value.shape[0] if value.ndim else 1 for value in feeds.values()}
+    rows = sizes.pop() if len(sizes) == 1 else 1
+    squares = [(g.astype(np.float64) - w.astype(np.float64)) ** 2 for g, w in zip(got, wanted)]
+    if rows > 1 and all(s.ndim and s.shape[0] == rows for s in squares):
+        return sum(s.reshape(rows, -1).sum(axis=1) for s in squares)
+    return np.array([sum(float(s.sum()) for s in squares)])
 
 
 def _outputs(model: bytes, samples: list[dict[str, np.ndarray]]) -> list[list[np.ndarray]]:
