@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Iterator
 
-from qdq import ir
+from qdq import ir, progress
 from qdq.errors import QdqError
 
 
@@ -61,7 +61,7 @@ def _by_depth(nodes: list[ir.Node]) -> list[ir.Node]:
     local = {id(node) for node in nodes}
     depth: dict[int, int] = {}
     finished: list[ir.Node] = []
-    for root in nodes:
+    for root in progress.each(nodes, None):
         if id(root) in depth:
             continue
         deepest = {id(root): -1}

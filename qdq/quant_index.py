@@ -16,7 +16,7 @@ from typing import Iterable
 import numpy as np
 from onnx import TensorProto, helper
 
-from qdq import ir
+from qdq import ir, progress
 from qdq.dtypes import QuantType, quant_type
 from qdq.model import Model
 from qdq.ops import DEQUANTIZE, QDQ_DOMAINS, QDQ_OPS, QUANTIZE  # noqa: F401 - re-exported for the rules
@@ -254,7 +254,7 @@ class QuantIndex:
         self.quantizes: list[ir.Node] = []
         self.dequantizes: list[ir.Node] = []
         self._params: dict[int, QParams] = {}
-        for node in self.graph.nodes:
+        for node in progress.each(self.graph.nodes, None):
             if node.op in QDQ_OPS and node.domain in QDQ_DOMAINS:
                 (self.quantizes if node.op == QUANTIZE else self.dequantizes).append(node)
                 self._params[id(node)] = self._read_params(node)
