@@ -12,6 +12,7 @@ from __future__ import annotations
 from typing import Iterator
 
 from qdq.graph import ir
+from qdq.support import progress
 from qdq.support.errors import QdqError
 
 
@@ -61,7 +62,7 @@ def _by_depth(nodes: list[ir.Node]) -> list[ir.Node]:
     local = {id(node) for node in nodes}
     depth: dict[int, int] = {}
     finished: list[ir.Node] = []
-    for root in nodes:
+    for root in progress.each(nodes, None):
         if id(root) in depth:
             continue
         deepest = {id(root): -1}

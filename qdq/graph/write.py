@@ -72,7 +72,7 @@ def _write_graph(graph: ir.Graph, source: onnx.GraphProto, out: onnx.GraphProto)
     declared = {info.name: info for field in (source.value_info, source.output, source.input) for info in field}
     out.input.extend(_declaration(tensor, declared) for tensor in graph.inputs)
     out.output.extend(_declaration(tensor, declared) for tensor in graph.outputs)
-    for tensor in tensors.values():
+    for tensor in progress.each(tensors.values(), None):
         if isinstance(tensor, ir.Constant):
             stored = _tensor_proto(tensor)
             if isinstance(stored, onnx.SparseTensorProto):

@@ -21,6 +21,8 @@ from qdq.graph.model import Model
 from qdq.graph.ops import DEQUANTIZE, QDQ_DOMAINS, QDQ_OPS, QUANTIZE  # noqa: F401 - re-exported for the rules
 from qdq.quant.dtypes import QuantType, quant_type
 from qdq.quant.param_table import ParamTable
+from qdq.support import progress
+
 # Ops that pass a tensor through unchanged when they do not change its type.
 PASS_THROUGH_OPS = ("Identity", "Cast")
 
@@ -254,7 +256,7 @@ class QuantIndex:
         self.quantizes: list[ir.Node] = []
         self.dequantizes: list[ir.Node] = []
         self._params: dict[int, QParams] = {}
-        for node in self.graph.nodes:
+        for node in progress.each(self.graph.nodes, None):
             if node.op in QDQ_OPS and node.domain in QDQ_DOMAINS:
                 (self.quantizes if node.op == QUANTIZE else self.dequantizes).append(node)
                 self._params[id(node)] = self._read_params(node)

@@ -107,7 +107,7 @@ class Pieces:
             self._slices = self._cut(nodes, set(self.outputs) | set(keep), max_nodes, max_bytes)
         # Sessions are kept between runs when the caller runs the model again (`reused`: the twin, which
         # chooses the random inputs first) or when it is one slice, and the weights are small.
-        self._keep_sessions = small_weights(model) and (reused or len(self._slices) == 1)
+        self._keep_sessions = (reused or len(self._slices) == 1) and small_weights(model)
 
     @property
     def count(self) -> int:

@@ -59,14 +59,17 @@ def float_twin(model: onnx.ModelProto, coverage: dict[str, Any], folder: Path | 
     """The twin of `model` (not modified); `coverage` is QDQ006's parameters (the ops qdq does not read);
     `folder` the model's, where its external data lies."""
     graph = model.graph
+    progress.step("building the float twin")  # each walk over a 100k-node graph below takes a second or so
     quantizers, integers = unread_ops([_OpView(n.op_type, n.domain) for n in graph.node], coverage)
     if quantizers or integers:
         return Twin(None, 0, f"it quantizes in ops whose float form qdq does not know ({describe({**quantizers, **integers})})")
     constant = _constant_names(graph)
+    progress.tick()
     producers = {name: node for node in graph.node for name in node.output if name}
     quantized = [(node.input[0], node) for node in graph.node
                  if _is(node, QUANTIZE) and node.input[0] not in constant]
     replaced: dict[int, list[onnx.NodeProto]] = {}
+    progress.tick()
     ranges = Quantizers(graph, folder)
     constants: list[onnx.TensorProto] = []
     opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 1)
