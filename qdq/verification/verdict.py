@@ -87,6 +87,10 @@ class Criterion:
             raise RuleSetError(f"[verdict] runtime must be \"exact\" or \"optimized\", got {settings['runtime']!r}")
         return cls(**settings, **{k: v for k, v in gates.items() if v is not None})
 
+    def allowed(self, input_to_twin: float) -> float:
+        """The farthest a candidate may be from the float twin, given how far the input is."""
+        return input_to_twin * (1 + self.margin) + self.epsilon
+
     def describe(self, twin: bool) -> str:
         if twin:
             text = f"distance from the float twin at most the input's × {1 + self.margin:g} + {self.epsilon:g}"
@@ -163,7 +167,7 @@ def judge(
         elif twin_out is not None:
             row.input_to_twin = _distance(a, basis)
             row.candidate_to_twin = _distance(b, basis)
-            row.allowed = row.input_to_twin * (1 + criterion.margin) + criterion.epsilon
+            row.allowed = criterion.allowed(row.input_to_twin)
             held, row.verdict_failure = row.candidate_to_twin <= row.allowed, "further from the float twin"
         else:
             held, row.verdict_failure = row.sqnr_db >= criterion.fallback_min_sqnr, "SQNR too low"
@@ -192,7 +196,7 @@ def _network(names: list[str], ref_out: dict, cand_out: dict, twin_out: dict, sa
     row = compare_arrays(f"deepest {len(told)} quantized tensors", a, b, math.inf, 0.0, None)
     row.shape = (len(told),)
     row.input_to_twin, row.candidate_to_twin = _distance(a, t), _distance(b, t)
-    row.allowed = row.input_to_twin * (1 + criterion.margin) + criterion.epsilon
+    row.allowed = criterion.allowed(row.input_to_twin)
     row.passed = row.candidate_to_twin <= row.allowed
     row.verdict_failure = "" if row.passed else "further from the float twin"
     return row
