@@ -21,8 +21,6 @@ from torch import nn  # noqa: E402
 from torch.ao.quantization.quantize_fx import prepare_qat_fx  # noqa: E402
 
 from qdq import fix, load_model, load_target, save_model  # noqa: E402
-from qdq.graph import ir
-from qdq.support.errors import QdqError  # noqa: E402
 from qdq.fx import (  # noqa: E402
     TQTFakeQuantize,
     export,
@@ -31,8 +29,10 @@ from qdq.fx import (  # noqa: E402
     symmetric_int8_qconfig_mapping,
     tqt_pow2_qconfig_mapping,
 )
+from qdq.graph import ir
 from qdq.quant.index import QuantIndex  # noqa: E402
 from qdq.quant.operands import BIAS, role  # noqa: E402
+from qdq.support.errors import QdqError  # noqa: E402
 
 
 class Block(nn.Module):

@@ -20,7 +20,6 @@ from fx_models import prepare as prepare_small  # noqa: E402
 from torch import nn  # noqa: E402
 
 from qdq import load_model  # noqa: E402
-from qdq.support.errors import QdqError  # noqa: E402
 from qdq.fx import (  # noqa: E402
     TQTFakeQuantize,
     export,
@@ -29,6 +28,7 @@ from qdq.fx import (  # noqa: E402
 )
 from qdq.quant.index import QuantIndex  # noqa: E402
 from qdq.quant.pow2 import all_pow2  # noqa: E402
+from qdq.support.errors import QdqError  # noqa: E402
 
 
 def prepare(mapping) -> nn.Module:

@@ -7,8 +7,6 @@ from pathlib import Path
 import pytest
 
 from qdq.engine.registry import all_rules
-from qdq.rewrite.rule import RULES, Rule, Severity
-from qdq.support.errors import RuleSetError
 from qdq.engine.ruleset import (
     ProjectConfig,
     RuleSet,
@@ -18,6 +16,8 @@ from qdq.engine.ruleset import (
     load_rules_file,
     load_target,
 )
+from qdq.rewrite.rule import RULES, Rule, Severity
+from qdq.support.errors import RuleSetError
 
 COMMON_CODES = [
     "QDQ001", "QDQ002", "QDQ003", "QDQ004", "QDQ005", "QDQ006",

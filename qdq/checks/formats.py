@@ -18,10 +18,10 @@ from qdq.quant import pow2
 from qdq.quant.dtypes import DEQUANTIZE_ONLY, QuantType, quant_type, type_name
 from qdq.quant.index import PER_AXIS, PER_TENSOR, QUANTIZE, QParams, QTensor, is_uniform
 from qdq.quant.operands import ACTIVATION, BIAS, WEIGHT, WEIGHT_INPUT, output_channel_axis, role
-from qdq.support.errors import RuleSetError
 from qdq.rewrite.requantize import (describe, effective_values, same_real_values, set_params, why_grid_is_fixed,
-                            why_type_is_fixed)
+                                    why_type_is_fixed)
 from qdq.rewrite.rule import Change, CheckContext, Finding, FixContext, FixSafety, Rule, Severity, mention, register
+from qdq.support.errors import RuleSetError
 
 
 # The two 8-bit integer types: the same grid, shifted by 128 (q_uint8 = q_int8 + 128).

@@ -16,8 +16,9 @@ from typing import Iterable
 from qdq.checks.float_by_design import FLOAT_BY_DESIGN_PARAMETERS, float_by_design, reads_float_by_design
 from qdq.checks.node_units import DEFERRED_PARAMETERS, quantized_without_data
 from qdq.graph import ir
+from qdq.quant.index import DEQUANTIZE, QUANTIZE, QuantIndex, resolve_constant
+from qdq.quant.operands import BIAS_INPUT, WEIGHT_INPUT, output_channel_axis
 from qdq.rewrite.constant_eval import constant_ancestry
-from qdq.support.errors import RuleSetError
 from qdq.rewrite.insertion import (
     describe_quantize,
     existing_quantize,
@@ -26,9 +27,8 @@ from qdq.rewrite.insertion import (
     quantized_weight,
     read_through,
 )
-from qdq.quant.index import DEQUANTIZE, QUANTIZE, QuantIndex, resolve_constant
-from qdq.quant.operands import BIAS_INPUT, WEIGHT_INPUT, output_channel_axis
 from qdq.rewrite.rule import Change, CheckContext, Finding, FixContext, FixSafety, Rule, Severity, mention, register
+from qdq.support.errors import RuleSetError
 
 # The op lists these rules read (which ops commute with Q/DQ, which fuse into a conv) are target
 # knowledge: the rule set gives them (rules/trt.toml [params]); the defaults here are empty.

@@ -8,8 +8,6 @@ from pathlib import Path
 
 import onnx
 
-from qdq.reports import neighbourhood
-from qdq.support import progress
 from qdq.commands.args import (
     Inputs,
     UsageError,
@@ -37,8 +35,10 @@ from qdq.graph.model import Model, save_model
 from qdq.quant.calibrate import tensor_ranges
 from qdq.reports import fix as fix_report
 from qdq.reports import fix_html
+from qdq.reports import neighbourhood
 from qdq.reports.json import dumps
 from qdq.rewrite.rule import FixSafety
+from qdq.support import progress
 from qdq.support.errors import InvalidOutputError
 from qdq.support.files import atomic_write_text, check_writable, same_file
 from qdq.verification.twin import float_twin

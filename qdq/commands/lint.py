@@ -6,8 +6,6 @@ import argparse
 import sys
 from pathlib import Path
 
-from qdq.reports import neighbourhood
-from qdq.reports.baseline import drop_baselined, load_baseline, write_baseline
 from qdq.commands.args import (
     ALL_TARGETS,
     UsageError,
@@ -25,6 +23,8 @@ from qdq.engine.ruleset import RuleSet, builtin_targets
 from qdq.engine.suppression import drop_ignored
 from qdq.graph.model import load_model
 from qdq.reports import FORMATS, matrix, render
+from qdq.reports import neighbourhood
+from qdq.reports.baseline import drop_baselined, load_baseline, write_baseline
 from qdq.reports.text import summary_line
 from qdq.support.errors import ModelLoadError
 from qdq.support.files import check_writable, same_file

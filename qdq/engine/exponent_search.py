@@ -42,6 +42,8 @@ from qdq.support.errors import RuleSetError
 log = logging.getLogger("qdq")
 
 DEFAULT_BUDGET = 200
+# Moves are attributed to the rule that chooses power-of-two positions.
+CODE = "QDQ504"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -51,9 +53,6 @@ class Objective:
     model: onnx.ModelProto
     what: str  # "the float twin" or "the input model", as the log and the changes say it
     reason: str = ""  # why the input model stands in: the twin could not be built
-
-# Moves are attributed to the rule that chooses power-of-two positions.
-CODE = "QDQ504"
 
 
 def search_settings(ruleset: RuleSet) -> tuple[bool, int]:

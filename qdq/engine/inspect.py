@@ -36,7 +36,6 @@ from qdq.graph import ir
 from qdq.graph.model import Model
 from qdq.quant import pow2
 from qdq.quant.dtypes import type_name
-from qdq.quant.operands import role
 from qdq.quant.index import (
     BLOCKED,
     DEQUANTIZE,
@@ -48,6 +47,7 @@ from qdq.quant.index import (
     onnx_type_of,
     resolve_constant,
 )
+from qdq.quant.operands import role
 
 QUANTIZED = "quantized"
 PARTIAL = "partial"
