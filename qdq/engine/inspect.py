@@ -33,6 +33,7 @@ from onnx import TensorProto, helper
 
 from qdq.engine.lint import LintResult
 from qdq.graph import ir
+from qdq.graph.float_types import FLOAT_TYPES
 from qdq.graph.model import Model
 from qdq.quant import pow2
 from qdq.quant.dtypes import type_name
@@ -58,7 +59,6 @@ INTEGER_ONLY = "integer-only"
 # Islands list at most this many node names; the rest is a count.
 MAX_ISLAND_NAMES = 10
 
-_FLOAT_TYPES = {TensorProto.FLOAT, TensorProto.FLOAT16, TensorProto.BFLOAT16, TensorProto.DOUBLE}
 # Inputs that are geometry, not values a target quantizes.
 _GEOMETRY_INPUTS = {"Resize": {1, 2}, "Upsample": {1}, "Shape": {0}, "Size": {0}}
 # Ops whose outputs are integer or bool whatever they read: where shape arithmetic starts.
@@ -109,7 +109,7 @@ class _ElementTypes:
 
     def is_float(self, tensor: ir.Tensor) -> bool:
         elem_type = self.of(tensor)
-        return elem_type is None or elem_type in _FLOAT_TYPES
+        return elem_type is None or elem_type in FLOAT_TYPES
 
     def of(self, tensor: ir.Tensor) -> int | None:
         # Walk a chain of same-type ops iteratively (float chains can be thousands long) and

@@ -12,13 +12,11 @@ from pathlib import Path
 
 import numpy as np
 import onnx
-from onnx import TensorProto
 
+from qdq.graph.float_types import FLOAT_TYPES
 from qdq.support.errors import QdqError
 
 log = logging.getLogger("qdq")
-
-_FLOAT_TYPES = {TensorProto.FLOAT, TensorProto.FLOAT16, TensorProto.DOUBLE, TensorProto.BFLOAT16}
 
 
 class Measured(dict):
@@ -59,7 +57,7 @@ def tensor_ranges(model_path: Path, *samples: dict[str, np.ndarray]) -> Measured
     for node in proto.graph.node:
         for name in node.output:
             value = typed.get(name)
-            if value is not None and name not in declared and value.type.tensor_type.elem_type in _FLOAT_TYPES:
+            if value is not None and name not in declared and value.type.tensor_type.elem_type in FLOAT_TYPES:
                 proto.graph.output.append(value)
     ranges = Measured()
     try:

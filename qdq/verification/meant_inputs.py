@@ -24,6 +24,7 @@ from pathlib import Path
 import numpy as np
 import onnx
 
+from qdq.graph.float_types import FLOAT_TYPES
 from qdq.support import progress
 from qdq.support.errors import QdqError
 from qdq.verification.pieces import PieceFailed, Pieces, joined
@@ -81,7 +82,7 @@ def open_image_sizes(graph: onnx.GraphProto) -> dict[str, tuple[int, ...]]:
     for value in graph.input:
         kind = value.type.tensor_type
         dims = list(kind.shape.dim)
-        if value.name in initialized or len(dims) != 4 or kind.elem_type not in _FLOATS:
+        if value.name in initialized or len(dims) != 4 or kind.elem_type not in FLOAT_TYPES:
             continue
         fixed = [d.dim_value if d.HasField("dim_value") and d.dim_value > 0 else 0 for d in dims]
         if not fixed[1] or all(fixed[2:]):
@@ -89,10 +90,6 @@ def open_image_sizes(graph: onnx.GraphProto) -> dict[str, tuple[int, ...]]:
         side = max(_MIN_SIDE, *_total_strides(graph, value.name))
         sizes[value.name] = (fixed[0] or 1, fixed[1], fixed[2] or side, fixed[3] or side)
     return sizes
-
-
-_FLOATS = frozenset({onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16, onnx.TensorProto.BFLOAT16,
-                     onnx.TensorProto.DOUBLE})
 
 
 def _total_strides(graph: onnx.GraphProto, name: str) -> tuple[int, int]:
