@@ -27,7 +27,6 @@ Brevitas must not go into the project's environment. Run it from a scratch venv:
 
 from __future__ import annotations
 
-import json
 import sys
 from pathlib import Path
 
@@ -94,16 +93,5 @@ def quantize(stem: str) -> dict:
     }
 
 
-def main() -> None:
-    """Makes the variants named on the command line (default: all); the manifest keeps the others."""
-    torch.use_deterministic_algorithms(True)
-    path = HERE / "manifest.json"
-    entries = {e["file"]: e for e in json.loads(path.read_text())} if path.exists() else {}
-    for stem in sys.argv[1:] or VARIANTS:
-        entries[f"{stem}.onnx"] = quantize(stem)
-        manifest = [entries[f"{stem}.onnx"] for stem in VARIANTS if f"{stem}.onnx" in entries]
-        path.write_text(json.dumps(manifest, indent=2) + "\n")
-
-
 if __name__ == "__main__":
-    main()
+    make_float.make_variants(HERE, VARIANTS, quantize)

@@ -162,5 +162,19 @@ def main() -> None:
     (HERE / "manifest.json").write_text(json.dumps(manifest, indent=2) + "\n")
 
 
+def make_variants(manifest_dir: Path, variants: tuple[str, ...], quantize) -> None:
+    """Makes the variants named on the command line (default: all); the manifest keeps the others.
+
+    A quantizer's corpus folder (brevitas, modelopt_torch) calls this with its own `quantize(stem)`,
+    which returns the variant's manifest entry."""
+    torch.use_deterministic_algorithms(True)
+    path = manifest_dir / "manifest.json"
+    entries = {e["file"]: e for e in json.loads(path.read_text())} if path.exists() else {}
+    for stem in sys.argv[1:] or variants:
+        entries[f"{stem}.onnx"] = quantize(stem)
+        manifest = [entries[f"{stem}.onnx"] for stem in variants if f"{stem}.onnx" in entries]
+        path.write_text(json.dumps(manifest, indent=2) + "\n")
+
+
 if __name__ == "__main__":
     main()

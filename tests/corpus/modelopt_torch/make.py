@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import copy
 import functools
-import json
 import sys
 import types
 from pathlib import Path
@@ -124,16 +123,5 @@ def quantize(stem: str) -> dict:
     }
 
 
-def main() -> None:
-    """Makes the variants named on the command line (default: all); the manifest keeps the others."""
-    torch.use_deterministic_algorithms(True)
-    path = HERE / "manifest.json"
-    entries = {e["file"]: e for e in json.loads(path.read_text())} if path.exists() else {}
-    for stem in sys.argv[1:] or VARIANTS:
-        entries[f"{stem}.onnx"] = quantize(stem)
-        manifest = [entries[f"{stem}.onnx"] for stem in VARIANTS if f"{stem}.onnx" in entries]
-        path.write_text(json.dumps(manifest, indent=2) + "\n")
-
-
 if __name__ == "__main__":
-    main()
+    make_float.make_variants(HERE, VARIANTS, quantize)
