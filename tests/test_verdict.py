@@ -257,6 +257,29 @@ def test_a_q_that_stands_for_a_removed_relu_keeps_its_clip_in_the_twin(tmp_path)
     np.testing.assert_array_equal(run(float_twin(symmetric.model(), COVERAGE).model, {"x": values}), values)
 
 
+@pytest.mark.parametrize("between, clipped", [
+    ("GlobalAveragePool", False),  # averages non-negative values: no Relu was removed before the last Q
+    ("Flatten", False),
+    ("Neg", True),  # makes them negative: the last Q's saturation may be a removed Relu's work
+])
+def test_a_q_over_values_already_non_negative_does_not_clip_in_the_twin(tmp_path, between, clipped):
+    """NNCF's ResNet: Relu → Q → DQ → GlobalAveragePool → Q(uint8, zero point 0). Nothing was removed
+    before the last Q; clipping the twin at its top would copy the input's saturation into the reference."""
+    b = GraphBuilder(opset=13)
+    relu = b.node("Relu", [b.input("x", [1, 8, 4, 4])], name="relu")
+    mid = b.node(between, [b.qdq(relu, 0.1, 0, np.uint8, name="a")], name="between")
+    b.node("Identity", [b.qdq(mid, 0.01, 0, np.uint8, name="b")], ["y"], name="out")  # range [0, 2.55]
+    b.output("y", [1, 8, 1, 1] if between == "GlobalAveragePool" else [1, 128] if between == "Flatten" else [1, 8, 4, 4])
+    twin = float_twin(b.model(), COVERAGE)
+    values = np.linspace(-2, 9, 128, dtype=np.float32).reshape(1, 8, 4, 4)
+    got = run(twin.model, {"x": values})
+    unclipped = {"GlobalAveragePool": np.maximum(values, 0).mean(axis=(2, 3), keepdims=True),
+                 "Flatten": np.maximum(values, 0).reshape(1, 128), "Neg": -np.maximum(values, 0)}[between]
+    expected = np.clip(unclipped, 0, 255 * np.float32(0.01)) if clipped else unclipped
+    np.testing.assert_allclose(got, expected, rtol=1e-6)
+    assert got.max() > 2.55 or clipped, "the twin clipped values the input model's quantizer saturates"
+
+
 def test_samples_that_all_give_the_same_output_are_no_evidence(tmp_path):
     """An integer input that random draws leave at zero (bytes one-hot encoded by ops, as magika
     does) feeds every sample alike: four equal outputs are one observation, and prove nothing."""

@@ -105,13 +105,13 @@ def _float_form(q: onnx.NodeProto, dq: onnx.NodeProto, to: int, ranges: Quantize
     removed because the Q's saturation does its work (onnxruntime's quantizer deletes `Relu → Q`
     and `Clip → Q` so, `IsClipMadeRedundantByQ`): such a Q keeps its clipping in the twin, or the
     twin would compute a different network (a hard-swish without its Clip grows without bound).
-    Where an op that already bounds its output feeds the Q (a Relu, Clip, Sigmoid), nothing was
-    removed, and the twin does not clip.
+    Where the Q's input is already one-sided, nothing was removed, and the twin does not clip (or
+    it would bake the input's saturation at the top of the range into the reference).
     """
     name = dq.name or dq.output[0]
     cast = helper.make_node("Cast", [q.input[0]], [dq.output[0]], name=f"{name}_twin", to=to)
     bounds = ranges.range_of_node(q, q.input[0], ())
-    if bounds is None or not (float(bounds[0]) == 0.0 or float(bounds[1]) == 0.0) or _one_sided(q.input[0], producers):
+    if bounds is None or not (float(bounds[0]) == 0.0 or float(bounds[1]) == 0.0) or _one_sided(q.input[0], producers, ranges):
         return [cast]
     low, high = (float(b) for b in bounds)
     cast.output[0] = f"{dq.output[0]}_twin_unclipped"
@@ -126,11 +126,35 @@ def _float_form(q: onnx.NodeProto, dq: onnx.NodeProto, to: int, ranges: Quantize
 
 # Ops whose output is already bounded on the side a Q with a zero end would clip.
 _BOUNDED = frozenset({"Relu", "Clip", "Sigmoid", "HardSigmoid", "Softmax", "Abs"})
+# Ops whose every output value is one of their first input's values or an average of them, so a
+# non-negative input stays non-negative (Resize except cubic, which overshoots; Pad except a
+# negative constant, which no exporter writes).
+_SIGN_KEEPING = frozenset({"MaxPool", "GlobalMaxPool", "AveragePool", "GlobalAveragePool", "Reshape", "Flatten",
+                           "Transpose", "Squeeze", "Unsqueeze", "Slice", "Identity", "Gather", "Expand", "Tile",
+                           "Split", "Pad", "Resize", "Concat"})
 
 
-def _one_sided(name: str, producers: dict[str, onnx.NodeProto]) -> bool:
+def _one_sided(name: str, producers: dict[str, onnx.NodeProto], ranges: Quantizers, depth: int = 0) -> bool:
+    """Whether `name` is already one-sided in the twin: made by a bounding op, by a pair whose range
+    starts at zero (the twin clips it or its input is one-sided), or by a sign-keeping op over such
+    tensors (NNCF's Relu → Q → DQ → GlobalAveragePool → Q: no Relu was removed before the last Q)."""
     node = producers.get(name)
-    return node is not None and node.op_type in _BOUNDED
+    if node is None or depth > 64:
+        return False
+    if node.op_type in _BOUNDED:
+        return True
+    if _is(node, DEQUANTIZE):
+        q = producers.get(node.input[0])
+        bounds = ranges.range_of_node(q, q.input[0], ()) if q is not None and _is(q, QUANTIZE) else None
+        return bounds is not None and float(bounds[0]) == 0.0
+    if node.op_type not in _SIGN_KEEPING or (node.op_type == "Resize" and _attribute(node, "mode") == b"cubic"):
+        return False
+    data = node.input if node.op_type == "Concat" else node.input[:1]
+    return all(_one_sided(x, producers, ranges, depth + 1) for x in data if x)
+
+
+def _attribute(node: onnx.NodeProto, name: str):
+    return next((helper.get_attribute_value(a) for a in node.attribute if a.name == name), None)
 
 
 def _is(node: onnx.NodeProto, op: str) -> bool:
