@@ -8,10 +8,16 @@ with qdq's own code:
 - a model onnxruntime creates a session for is accepted by lint, inspect and fix (exit 0 or 1);
   any exit 2 is one `qdq: error:` line; no traceback or "unexpected" error anywhere;
 - a file fix writes passes the full ONNX checker (when the input does) and loads in onnxruntime;
-- a failed verification leaves nothing at `-o`;
+- a failed verification exits 1 (fix runs with `--keep-failed`, so that the refused candidate is
+  on disk to be checked; that nothing is written without it is `test_fix_verification.py`'s);
 - the numbers fix reports are the ones onnxruntime gives on the same inputs (with its default
   optimisations where the target's verdict runs them): recomputed here from the calibration
-  samples; and `qdq verify` on the pair fix wrote gives the same numbers and the same verdict;
+  samples; and `qdq verify` on the pair fix wrote gives the same numbers and the same verdict,
+  passed or refused;
+- the verdict's distances from the float twin are those of a twin built here from its definition
+  (`independent_twin.py`, no qdq code), and the verdict follows them and the rule set's margin:
+  a passed fix has every output within the allowed distance, a refused one has an output, or
+  the network's deepest quantized tensors, beyond it;
 - integers at the graph's interface (a Q's output that is a graph output, a graph input a DQ
   reads), and integers another op reads or writes (QLinearConv, QGemm), keep their scale,
   zero-point and type;
@@ -26,8 +32,11 @@ The matrix of results (one cell per model and target) is printed at the end of t
 
 from __future__ import annotations
 
+import functools
 import hashlib
+import io
 import json
+import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -36,6 +45,7 @@ import onnx
 import onnxruntime as ort
 import pytest
 
+import independent_twin
 import npu_constraints
 import ort_node_units
 import trt_placement
@@ -48,6 +58,13 @@ TARGETS = ("npu", "trt", "ort")
 CHECKERS = {"npu": npu_constraints.check, "trt": trt_placement.violations, "ort": ort_node_units.check}
 # Two float32 computations of the same SQNR agree to far better than this.
 NUMBER_TOLERANCE = dict(rtol=1e-4, atol=1e-6)
+# The verdict's margin on every output, as the shipped rule sets say it (read here, not through qdq).
+VERDICT = tomllib.loads((ROOT / "rules" / "common.toml").read_text())["verdict"]
+# The twin's distance as the verdict and as `independent_twin` compute it: the same float32 graphs,
+# so they agree far closer than this. In float16 (ModelOpt's exports) onnxruntime's results depend on
+# the session's graph, not only on the math (the verdict runs pieces of it; an unread QuantizeLinear
+# moved a twin's logits by 0.04 %), so there the distances agree to 0.1 % of the outputs' norm.
+DISTANCE_TOLERANCE = {False: dict(rtol=2e-4, atol=1e-6), True: dict(rtol=0.0, atol=1e-3)}
 
 
 @dataclass(frozen=True)
@@ -185,19 +202,90 @@ def assert_same_numbers(reported: list[dict], independent: list[dict]) -> None:
                 np.testing.assert_allclose(a, b, **NUMBER_TOLERANCE, err_msg=f"{mine['name']} {key}")
 
 
+@functools.lru_cache(maxsize=16)
+def _outputs(path: Path, sample: bytes, optimized: bool) -> dict[str, np.ndarray]:
+    feeds = dict(np.load(io.BytesIO(sample)).items())
+    return independent_twin.run(path, feeds, optimized)
+
+
+def outputs(path: Path, feeds: dict[str, np.ndarray], optimized: bool) -> dict[str, np.ndarray]:
+    """Every output of `path` on `feeds` in onnxruntime, run once per test for all the checks that need it
+    (the input model's once for all three targets)."""
+    buffer = io.BytesIO()
+    np.savez(buffer, **feeds)
+    return _outputs(path, buffer.getvalue(), optimized)
+
+
 def independent_numbers(reference: Path, candidate: Path, feeds: dict[str, np.ndarray],
                         optimized: bool = False) -> list[dict]:
     """Max abs error and SQNR of every output, from onnxruntime and numpy alone (as the target runs it)."""
-    ref_session, cand_session = session(reference, optimized), session(candidate, optimized)
-    names = [o.name for o in ref_session.get_outputs()]
+    given, fixed = outputs(reference, feeds, optimized), outputs(candidate, feeds, optimized)
     rows = []
-    for name, a, b in zip(names, ref_session.run(None, feeds), cand_session.run(names, feeds)):
-        a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
+    for name, a in given.items():
+        a, b = np.asarray(a, np.float64), np.asarray(fixed[name], np.float64)
         noise = float(np.sum((a - b) ** 2))
         signal = float(np.sum(a**2))
         sqnr = np.inf if noise == 0 else (10 * np.log10(signal / noise) if signal > 0 else -np.inf)
         rows.append({"name": name, "max_abs_error": float(np.max(np.abs(a - b))) if a.size else 0.0, "sqnr_db": sqnr})
     return rows
+
+
+def assert_verdict_reproduced(path: Path, out: Path, target: str, inputs: list, feeds: dict | None,
+                              verification: dict) -> None:
+    """The verdict's numbers are onnxruntime's, its distances the independent twin's, and `qdq verify`
+    on the pair fix wrote (passed or refused) says what fix said, with the same numbers."""
+    if feeds is not None:
+        optimized = verification["runtime"] == "onnxruntime, default optimisations"
+        assert_same_numbers(verification["outputs"], independent_numbers(path, out, feeds, optimized))
+    assert_twin_distances(path, out, feeds, verification)
+    again = qdq("verify", path, out, "--target", target, "--format", "json", *inputs)
+    assert again.code in (0, 1), again.err
+    assert again.json()["passed"] == verification["passed"], "qdq verify and qdq fix disagree"
+    assert_same_numbers(verification["outputs"], again.json()["outputs"])
+
+
+@functools.lru_cache(maxsize=8)
+def _twin_outputs(path: Path, sample: bytes) -> dict[str, np.ndarray]:
+    feeds = dict(np.load(io.BytesIO(sample)).items())
+    return independent_twin.run(independent_twin.float_twin(onnx.load(str(path))), feeds)
+
+
+def computes_in_float16(path: Path) -> bool:
+    model = onnx.load(str(path), load_external_data=False)
+    return any(t.data_type == onnx.TensorProto.FLOAT16 for t in model.graph.initializer) or any(
+        a.name == "to" and a.i == onnx.TensorProto.FLOAT16 for n in model.graph.node if n.op_type == "Cast" for a in n.attribute)
+
+
+def assert_twin_distances(path: Path, out: Path, feeds: dict[str, np.ndarray] | None, verification: dict) -> None:
+    """The verdict's distances from the twin are the independent twin's, and its verdict follows them."""
+    rows = [row for row in verification["outputs"] if row.get("input_to_twin") is not None]
+    if feeds is None or not rows or any(not row["evidence"] for row in verification["outputs"]):
+        return
+    buffer = io.BytesIO()
+    np.savez(buffer, **feeds)
+    twin = _twin_outputs(path, buffer.getvalue())  # the same for the three targets of a model
+    optimized = verification["runtime"] == "onnxruntime, default optimisations"
+    given, fixed = outputs(path, feeds, optimized), outputs(out, feeds, optimized)
+    tolerance = DISTANCE_TOLERANCE[computes_in_float16(path)]
+    beyond = []
+    for row in rows:
+        name = row["name"]
+        mine = (independent_twin.relative_l2(twin[name], given[name]), independent_twin.relative_l2(twin[name], fixed[name]))
+        reported = (float(row["input_to_twin"]), float(row["candidate_to_twin"]))
+        np.testing.assert_allclose(reported, mine, **tolerance, err_msg=f"{name}: distances from the twin")
+        allowed = mine[0] * (1 + VERDICT["margin"]) + VERDICT["epsilon"]
+        np.testing.assert_allclose(float(row["allowed"]), allowed, **tolerance, err_msg=f"{name}: allowed")
+        edge = allowed * tolerance["rtol"] + tolerance["atol"]
+        if mine[1] > allowed + edge:
+            beyond.append(name)
+        elif mine[1] >= allowed - edge:
+            return  # on the edge: either verdict is the same measurement
+    network = verification.get("network")
+    deep_beyond = network is not None and float(network["candidate_to_twin"]) > float(network["allowed"])
+    if verification["passed"]:
+        assert not beyond, f"passed with outputs further from the twin than allowed: {beyond}"
+    else:
+        assert beyond or deep_beyond, "refused with every output, and the deepest tensors, within the allowed distance"
 
 
 def held_grids(path: Path) -> tuple[dict[str, tuple], dict[str, tuple]]:
@@ -279,7 +367,8 @@ def test_invariants(entry: Entry, target: str, tmp_path: Path, conformance_cell)
     if feeds is not None:
         np.savez(tmp_path / "sample.npz", **feeds)
         inputs = ["--inputs", tmp_path / "sample.npz"]
-    fix = qdq("fix", path, "--target", target, "-o", out, "--report", report_path, "--format", "json", *inputs)
+    fix = qdq("fix", path, "--target", target, "-o", out, "--report", report_path, "--format", "json",
+              "--keep-failed", *inputs)
     assert_well_behaved(fix, accepted, "fix")
     assert digest(path) == before, "the input changed"
     if fix.code == 2:
@@ -289,11 +378,14 @@ def test_invariants(entry: Entry, target: str, tmp_path: Path, conformance_cell)
     report = json.loads(report_path.read_text())
     assert fix.json() == report, "stdout and --report disagree"
     verification = report["verification"]
-    if verification is not None and not verification["passed"]:
-        assert not out.exists(), "verification failed but the model was written"
+    refused = verification is not None and not verification["passed"]
+    assert out.exists(), "fix exited 0/1 but wrote nothing"
+    assert fix.code == 1 or not refused, "the verdict refused the fix but fix exited 0"
+    if verification is not None:
+        assert_verdict_reproduced(path, out, target, inputs, feeds, verification)
+    if refused:
         conformance_cell["outcome"] = "not written (verification)"
         return
-    assert out.exists(), "fix exited 0/1 without a failed verification but wrote nothing"
 
     # What was written is valid, runs, and is what the report says.
     assert checker_passes(out, full=True) or not checker_passes(path, full=True), "the full ONNX checker refuses the output"
@@ -303,15 +395,6 @@ def test_invariants(entry: Entry, target: str, tmp_path: Path, conformance_cell)
     for data, ranges in data_files(out).items():
         assert data.stat().st_size <= max(o + n for o, n in ranges), f"{data.name} holds bytes no tensor references"
         assert data.stat().st_size - 65536 * len(ranges) <= sum(n for _, n in set(ranges)), f"{data.name} is padded past alignment"
-    if verification is not None:
-        if feeds is not None:
-            optimized = verification["runtime"] == "onnxruntime, default optimisations"
-            assert_same_numbers(verification["outputs"], independent_numbers(path, out, feeds, optimized))
-        # One verdict: `qdq verify` on the pair fix wrote says what fix said, with the same numbers.
-        again = qdq("verify", path, out, "--target", target, "--format", "json", *inputs)
-        assert again.code in (0, 1), again.err
-        assert again.json()["passed"] == verification["passed"], "qdq verify and qdq fix disagree"
-        assert_same_numbers(verification["outputs"], again.json()["outputs"])
     # Integers a graph takes or hands over, or that other ops read or write, mean what their grid says
     # (a Q/DQ pair a fix removed exactly leaves the other op reading the same integers).
     (interface, held), (interface_out, held_out) = held_grids(path), held_grids(out)
