@@ -368,7 +368,6 @@ def _insert_clip(ctx: FixContext, qt: QTensor, code: str, high: float | None) ->
     """Put the clip a zero-point at the type minimum made back on this Q's input only: a Relu, or with
     `high` a Clip(0, high) that also keeps the old grid's top."""
     quantize, tensor = qt.quantize, qt.quantize.inputs[0]
-    clipped = ir.Variable(ctx.new_name(f"{tensor.name}_relu"), dtype=tensor.dtype, shape=tensor.shape)
     if high is None:
         op, bounds, what = "Relu", [], "Relu re-inserted: the old zero point clipped at 0"
     else:
@@ -376,6 +375,7 @@ def _insert_clip(ctx: FixContext, qt: QTensor, code: str, high: float | None) ->
         op, what = "Clip", f"Clip(0, {high:g}) re-inserted: the old grid clipped at 0 and at {high:g}"
         bounds = [ir.Constant(ctx.new_name(f"{tensor.name}_{end}"), np.asarray(value, dtype))
                   for end, value in (("min", 0.0), ("max", high))]
+    clipped = ir.Variable(ctx.new_name(f"{tensor.name}_{op.lower()}"), dtype=tensor.dtype, shape=tensor.shape)
     node = ir.Node(op, ctx.new_name(f"{tensor.name}_{op}"), inputs=[tensor, *bounds], outputs=[clipped])
     ctx.edits.add_node(node)
     ctx.edits.set_input(quantize, 0, clipped)
