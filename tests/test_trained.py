@@ -20,7 +20,9 @@ import pytest
 TRAINED = Path(__file__).resolve().parent / "trained"
 sys.path.insert(0, str(TRAINED))
 import conformance  # noqa: E402
+import npu_constraints  # noqa: E402
 import tasks  # noqa: E402
+from cli_run import qdq  # noqa: E402
 
 # Float figures measured when the corpus was made (see tests/trained/README.md), minus a margin
 # for other onnxruntime versions and CPUs.
@@ -109,3 +111,18 @@ def test_a_verdict_that_contradicts_its_distances_is_a_broken_invariant() -> Non
         figures = conformance.judged(verification(passed, candidate), violations, "fix")
         assert bool(violations) == broken, (passed, candidate, violations)
         assert figures["candidate_to_twin"] == candidate
+
+
+@pytest.mark.parametrize("relative,task,figure,floor", [
+    ("ort/ppocr_det_u8s8.onnx", "det", "f1", 0.85),  # 0.910 as quantized, Quark's XINT8 0.984
+    ("ort/ppocr_cls_u8s8.onnx", "cls", "top1", 0.94),  # 0.984 as quantized, Quark's XINT8 0.969
+])
+def test_npu_fix_keeps_the_task(relative: str, task: str, figure: str, floor: float, tmp_path: Path) -> None:
+    """The NPU conversion of onnxruntime's PP-OCR detector and classifier keeps their task metric. They read
+    F1 0.576 and top-1 0.859 when QDQ503 put back only a Relu for each Clip(0, 6) of a hard-swish that
+    onnxruntime folded into a Q: QDQ504's rounded-up scale then let x + 3 past 6 (docs/benchmarks.md)."""
+    out = tmp_path / "npu.onnx"
+    run = qdq("fix", present(relative), "--target", "npu", "-o", out, "--no-verify", "-q")
+    assert run.code in (0, 1) and out.exists(), run.err
+    assert npu_constraints.check(out) == []
+    assert tasks.metric(out, task)[figure] >= floor
