@@ -56,10 +56,10 @@ def _range(q: onnx.NodeProto, values: dict[str, np.ndarray], types: dict[str, in
 
 
 # From docs/verification.md: what makes a Q's input one-sided already.
-BOUNDING = {"Relu", "Clip", "Sigmoid", "HardSigmoid", "Softmax", "Abs"}
+BOUNDING = {"Clip", "Relu", "Sigmoid", "HardSigmoid", "Softmax", "Abs", "Exp"}
 MOVING_OR_AVERAGING = {"MaxPool", "GlobalMaxPool", "AveragePool", "GlobalAveragePool", "Reshape", "Flatten",
                        "Transpose", "Squeeze", "Unsqueeze", "Slice", "Identity", "Gather", "Expand", "Tile",
-                       "Split", "Pad", "Resize", "Concat"}
+                       "Split", "Concat"}
 
 
 def float_twin(model: onnx.ModelProto) -> onnx.ModelProto:
@@ -101,8 +101,6 @@ def float_twin(model: onnx.ModelProto) -> onnx.ModelProto:
             bounds = _range(q, values, types) if q is not None else None
             return bounds is not None and bounds[0] == 0.0
         if node.op_type not in MOVING_OR_AVERAGING:
-            return False
-        if node.op_type == "Resize" and any(a.name == "mode" and a.s == b"cubic" for a in node.attribute):
             return False
         return all(one_sided(x) for x in (node.input if node.op_type == "Concat" else node.input[:1]) if x)
 

@@ -14,6 +14,7 @@ from onnx import TensorProto
 
 from qdq.checks.reduced_range import clip_bounds, folded_clips
 from qdq.graph import ir
+from qdq.graph.ops import NON_NEGATIVE_OPS, SIGN_KEEPING_OPS
 from qdq.quant import pow2
 from qdq.quant.dtypes import DEQUANTIZE_ONLY, QuantType, quant_type, type_name
 from qdq.quant.index import PER_AXIS, PER_TENSOR, QUANTIZE, QParams, QTensor, is_uniform
@@ -282,10 +283,8 @@ class AsymmetricZeroPoint(Rule):
     parameters = {
         "unsigned_midpoint": True,
         "keep_clip": "relu",
-        "nonnegative": ["Relu", "Sigmoid", "Softmax", "Abs", "Exp"],
-        # Not Resize: cubic interpolation overshoots below 0.
-        "through": ["MaxPool", "AveragePool", "GlobalAveragePool", "GlobalMaxPool", "Reshape", "Flatten",
-                    "Transpose", "Squeeze", "Unsqueeze", "Slice", "Concat"],
+        "nonnegative": list(NON_NEGATIVE_OPS),
+        "through": list(SIGN_KEEPING_OPS),
         **_RETYPE_PARAMETERS,
     }
 

@@ -12,3 +12,13 @@ QDQ_DOMAINS = (None, "", "ai.onnx", "com.microsoft")
 # QuantizeLinear/DequantizeLinear take per-axis scales (and an `axis` attribute) from opset 13 on.
 PER_AXIS_OPSET = 13
 
+
+# Ops whose output is never negative (ONNX semantics): a Relu after them, or a quantizer's clip at
+# zero, changes nothing. QDQ503 and the float twin ask the same question with them.
+NON_NEGATIVE_OPS = ("Relu", "Sigmoid", "HardSigmoid", "Softmax", "Abs", "Exp")
+# Ops whose every output value is one of their data input's values or an average of them, so a
+# non-negative input stays non-negative. Not Resize (cubic interpolation overshoots) nor Pad (its
+# constant may be negative).
+SIGN_KEEPING_OPS = ("MaxPool", "AveragePool", "GlobalAveragePool", "GlobalMaxPool", "Reshape", "Flatten",
+                    "Transpose", "Squeeze", "Unsqueeze", "Slice", "Concat", "Identity", "Gather", "Expand",
+                    "Tile", "Split")

@@ -25,7 +25,7 @@ import onnx
 from onnx import helper, numpy_helper
 
 from qdq.checks.coverage import describe, unread_ops
-from qdq.graph.ops import DEQUANTIZE, QDQ_DOMAINS, QUANTIZE
+from qdq.graph.ops import DEQUANTIZE, NON_NEGATIVE_OPS, QDQ_DOMAINS, QUANTIZE, SIGN_KEEPING_OPS
 from qdq.support import progress
 from qdq.verification.verify import Quantizers
 
@@ -125,13 +125,7 @@ def _float_form(q: onnx.NodeProto, dq: onnx.NodeProto, to: int, ranges: Quantize
 
 
 # Ops whose output is already bounded on the side a Q with a zero end would clip.
-_BOUNDED = frozenset({"Relu", "Clip", "Sigmoid", "HardSigmoid", "Softmax", "Abs"})
-# Ops whose every output value is one of their first input's values or an average of them, so a
-# non-negative input stays non-negative (Resize except cubic, which overshoots; Pad except a
-# negative constant, which no exporter writes).
-_SIGN_KEEPING = frozenset({"MaxPool", "GlobalMaxPool", "AveragePool", "GlobalAveragePool", "Reshape", "Flatten",
-                           "Transpose", "Squeeze", "Unsqueeze", "Slice", "Identity", "Gather", "Expand", "Tile",
-                           "Split", "Pad", "Resize", "Concat"})
+_BOUNDED = frozenset(NON_NEGATIVE_OPS) | {"Clip"}
 
 
 def _one_sided(name: str, producers: dict[str, onnx.NodeProto], ranges: Quantizers, depth: int = 0) -> bool:
@@ -147,14 +141,10 @@ def _one_sided(name: str, producers: dict[str, onnx.NodeProto], ranges: Quantize
         q = producers.get(node.input[0])
         bounds = ranges.range_of_node(q, q.input[0], ()) if q is not None and _is(q, QUANTIZE) else None
         return bounds is not None and float(bounds[0]) == 0.0
-    if node.op_type not in _SIGN_KEEPING or (node.op_type == "Resize" and _attribute(node, "mode") == b"cubic"):
+    if node.op_type not in SIGN_KEEPING_OPS:
         return False
     data = node.input if node.op_type == "Concat" else node.input[:1]
     return all(_one_sided(x, producers, ranges, depth + 1) for x in data if x)
-
-
-def _attribute(node: onnx.NodeProto, name: str):
-    return next((helper.get_attribute_value(a) for a in node.attribute if a.name == name), None)
 
 
 def _is(node: onnx.NodeProto, op: str) -> bool:
