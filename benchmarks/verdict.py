@@ -255,6 +255,25 @@ def choose(rows: list[dict], shipped: Criterion) -> dict:
     return grid
 
 
+def deep_decides(rows: list[dict], shipped: Criterion) -> list[dict]:
+    """The verdicts the deep row decides: the outputs carry evidence and pass as shipped, the deepest
+    tensors were judged. Each with the margin the deep row needs to pass (at the shipped deep_epsilon),
+    so a deep_margin passes exactly those needing less; most needed first."""
+    found = []
+    for row in rows:
+        for inputs in ("random", "held_out"):
+            judged = row[inputs]
+            if judged["deep"] is None or replay(judged, shipped.margin, shipped.epsilon, math.inf, 0) != "pass":
+                continue
+            i, c = judged["deep"]
+            task = row["task"]
+            found.append({"corpus": row["corpus"], "model": row["model"], "target": row["target"], "inputs": inputs,
+                          "deep": [i, c], "needs": (c - shipped.deep_epsilon) / i - 1 if i > 0 else math.inf,
+                          "task": [task["input"], task["fixed"], task["worse"], task["better"], task["p"]],
+                          "outcome": outcome(task)})
+    return sorted(found, key=lambda d: -d["needs"])
+
+
 def totals(counts: dict) -> dict:
     together = {key: sum(c[key] for c in counts.values()) for key in next(iter(counts.values()), {})}
     return {"by_inputs": counts, **together, "wrong": together.get("false_pass", 0) + together.get("false_refusal", 0)}
@@ -285,8 +304,15 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     if args.choose:
         rows = [row for path in args.choose for row in json.loads(path.read_text())["rows"]]
-        grid = choose(rows, Criterion.of(load_target("common")))
+        shipped = Criterion.of(load_target("common"))
+        grid = choose(rows, shipped) | {"deep_decides": deep_decides(rows, shipped)}
         print_grid(grid)
+        print(f"\nverdicts the deepest tensors decide (outputs pass as shipped), by the deep margin they need "
+              f"at deep_epsilon {shipped.deep_epsilon:g}:")
+        for d in grid["deep_decides"]:
+            before, after, worse, better, p = d["task"]
+            print(f"{d['needs']:8.2f}  {d['deep'][0]:.3f} → {d['deep'][1]:.3f}  {d['corpus']} {d['model']} {d['target']} "
+                  f"{d['inputs']}: {before:.1f} → {after:.1f} ({worse} worse, {better} better, p {p:.2g}) {d['outcome']}")
         if args.json:
             args.json.write_text(json.dumps(grid, indent=1) + "\n")
         return

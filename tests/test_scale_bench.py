@@ -1,7 +1,8 @@
 """Smoke test of benchmarks/scale.py: its generated models are valid, and a one-repeat run on
 small ones judges every target of issue 8 from a measurement (the numbers themselves are not
 asserted: at this size they say nothing about scale); and of benchmarks/graph_layer.py,
-benchmarks/lint_profile.py, benchmarks/lint_floor.py and benchmarks/ort_session_phases.py, which run."""
+benchmarks/lint_profile.py, benchmarks/lint_floor.py and benchmarks/ort_session_phases.py, which run;
+and of benchmarks/verdict.py: its measurement, sign test and replayed verdict."""
 
 from __future__ import annotations
 
