@@ -59,7 +59,7 @@ ARCHITECTURES = ("resnet", "mobilenetv2", "yolo", "transformer")
 KEEP_POINTS = {"digits": 1.0, "trained": 2.0}
 # A loss is the fix's, not chance, when the sign test puts the flips' imbalance below this.
 ALPHA = 0.05
-DEEP_MARGINS = (0.41, 0.75, 1.0, 1.5, 2.0, 2.5, 3.0, 4.0, math.inf)
+DEEP_MARGINS = (0.41, 0.75, 1.0, 1.25, 1.5, 2.0, 3.0, 4.0, math.inf)
 DEEP_EPSILONS = (0.03, 0.05, 0.1, 0.2)
 MARGINS = (0.25, 0.41, 0.75, 1.0, 1.5)
 EPSILONS = (0.01, 0.03, 0.05)
@@ -76,7 +76,8 @@ def sign_test(worse: int, better: int) -> float:
 def paired(before: np.ndarray, after: np.ndarray, keep: float) -> dict:
     """The task of input and fixed model on the same samples (per-sample scores in [0, 1]), in points."""
     worse, better = int(np.sum(after < before)), int(np.sum(after > before))
-    return {"samples": len(before), "worse": worse, "better": better, "p": sign_test(worse, better), "keep": keep}
+    return {"samples": len(before), "worse": worse, "better": better, "p": _kept(sign_test(worse, better)),
+            "keep": keep}
 
 
 def outcome(task: dict) -> str:
@@ -94,9 +95,14 @@ def judged_rows(result) -> dict:
     tensors' (input → twin, fixed → twin) or None where not judged, and the verdict as shipped."""
     deep = result.network
     return {"twin": any(o.input_to_twin is not None for o in result.outputs),
-            "outputs": [[o.input_to_twin, o.candidate_to_twin, o.evidence] for o in result.outputs],
-            "deep": [deep.input_to_twin, deep.candidate_to_twin] if deep is not None else None,
+            "outputs": [[_kept(o.input_to_twin), _kept(o.candidate_to_twin), o.evidence] for o in result.outputs],
+            "deep": [_kept(deep.input_to_twin), _kept(deep.candidate_to_twin)] if deep is not None else None,
             "passed": result.passed}
+
+
+def _kept(distance: float | None) -> float | None:
+    """A distance to 5 significant digits: the file stays small, the verdict replays the same."""
+    return distance if distance is None or not math.isfinite(distance) else float(f"{distance:.5g}")
 
 
 def replay(rows: dict, margin: float, epsilon: float, deep_margin: float, deep_epsilon: float) -> str:
@@ -274,6 +280,29 @@ def deep_decides(rows: list[dict], shipped: Criterion) -> list[dict]:
     return sorted(found, key=lambda d: -d["needs"])
 
 
+def rows_apart(rows: list[dict]) -> dict:
+    """Per corpus and inputs: the task's outcomes, and each kind of row's candidate→twin ÷ input→twin
+    (median, 90th percentile, max) over the verdicts with evidence."""
+    summary: dict = {}
+    for row in rows:
+        for inputs in ("random", "held_out"):
+            judged = row[inputs]
+            if not judged["twin"] or not all(evidence for _, _, evidence in judged["outputs"]):
+                continue
+            part = summary.setdefault(f"{row['corpus']} {inputs}", {"lost": 0, "unclear": 0, "kept": 0,
+                                                                    "outputs": [], "deep": []})
+            part[outcome(row["task"])] += 1
+            part["outputs"].append(max(c / i if i else math.inf for i, c, _ in judged["outputs"]))
+            if judged["deep"] is not None:
+                part["deep"].append(judged["deep"][1] / judged["deep"][0] if judged["deep"][0] else math.inf)
+    for part in summary.values():
+        for kind in ("outputs", "deep"):
+            ratios = np.array(part[kind])
+            part[kind] = {"judged": len(ratios), **({"median": float(np.median(ratios)), "p90": float(
+                np.percentile(ratios, 90)), "max": float(ratios.max())} if len(ratios) else {})}
+    return summary
+
+
 def totals(counts: dict) -> dict:
     together = {key: sum(c[key] for c in counts.values()) for key in next(iter(counts.values()), {})}
     return {"by_inputs": counts, **together, "wrong": together.get("false_pass", 0) + together.get("false_refusal", 0)}
@@ -305,7 +334,14 @@ def main(argv: list[str] | None = None) -> None:
     if args.choose:
         rows = [row for path in args.choose for row in json.loads(path.read_text())["rows"]]
         shipped = Criterion.of(load_target("common"))
-        grid = choose(rows, shipped) | {"deep_decides": deep_decides(rows, shipped)}
+        grid = choose(rows, shipped) | {"deep_decides": deep_decides(rows, shipped), "rows_apart": rows_apart(rows)}
+        print("corpus, inputs: verdicts with evidence (task lost / unclear / kept); candidate→twin ÷ input→twin, "
+              "median / 90th percentile / max, of the worst output and of the deepest tensors (judged)")
+        for name, part in grid["rows_apart"].items():
+            ratios = ["  ".join(f"{part[k].get(q, math.nan):.2f}" for q in ("median", "p90", "max")) +
+                      f" ({part[k]['judged']})" for k in ("outputs", "deep")]
+            print(f"{name:18s} {part['lost'] + part['unclear'] + part['kept']:4d} ({part['lost']} / {part['unclear']} / "
+                  f"{part['kept']})   outputs {ratios[0]}   deep {ratios[1]}")
         print_grid(grid)
         print(f"\nverdicts the deepest tensors decide (outputs pass as shipped), by the deep margin they need "
               f"at deep_epsilon {shipped.deep_epsilon:g}:")
@@ -327,8 +363,8 @@ def main(argv: list[str] | None = None) -> None:
         if row is not None:
             rows.append(row)
             print(json.dumps(row), flush=True)
-            if args.json:
-                args.json.write_text(json.dumps({"rows": rows}, indent=1) + "\n")
+            if args.json:  # one row a line: small, and a rerun's diff shows what moved
+                args.json.write_text('{"rows": [\n' + ",\n".join(json.dumps(r) for r in rows) + "\n]}\n")
 
 
 if __name__ == "__main__":
