@@ -1,7 +1,8 @@
 """Smoke test of benchmarks/scale.py: its generated models are valid, and a one-repeat run on
 small ones judges every target of issue 8 from a measurement (the numbers themselves are not
 asserted: at this size they say nothing about scale); and of benchmarks/graph_layer.py,
-benchmarks/lint_profile.py, benchmarks/lint_floor.py and benchmarks/ort_session_phases.py, which run."""
+benchmarks/lint_profile.py, benchmarks/lint_floor.py and benchmarks/ort_session_phases.py, which run;
+and of benchmarks/verdict.py: its measurement, sign test and replayed verdict."""
 
 from __future__ import annotations
 
@@ -113,7 +114,8 @@ def test_ort_session_phases_finds_every_phase_in_onnxruntimes_log(tmp_path, caps
 
 
 def test_verdict_benchmark_measures_a_fix_against_the_task(tmp_path, capsys):
-    """benchmarks/verdict.py on one corpus model: top-1 figures and both verdicts for a row, and the grid."""
+    """benchmarks/verdict.py on one corpus model: the task paired sample by sample, and each judged row's
+    distances on both kinds of inputs; --choose replays the verdict on them over its grids."""
     import pytest
 
     pytest.importorskip("torch", reason="benchmarks/verdict.py re-makes the digits split with PyTorch")
@@ -121,8 +123,47 @@ def test_verdict_benchmark_measures_a_fix_against_the_task(tmp_path, capsys):
     verdict = load("verdict")
     out = tmp_path / "verdict.json"
     verdict.main(["--limit", "1", "--targets", "trt", "--json", str(out)])
-    document = json.loads(out.read_text())
-    [row] = document["rows"]
-    assert 80 < row["top1_float"] <= 100 and row["random_input_to_twin"] is not None
-    assert {"random_passed", "digits_passed", "digits_fixed_to_twin"} <= set(row)
-    assert len(document["agreement"]["digits"]) == len(verdict.MARGINS) * len(verdict.EPSILONS)
+    [row] = json.loads(out.read_text())["rows"]
+    task = row["task"]
+    assert 80 < task["float"] <= 100 and task["samples"] == 360
+    assert task["fixed"] - task["input"] == pytest.approx(100 * (task["better"] - task["worse"]) / 360)
+    for inputs in ("random", "held_out"):
+        assert row[inputs]["twin"] and len(row[inputs]["outputs"][0]) == 3 and len(row[inputs]["deep"]) == 2
+    grid = tmp_path / "grid.json"
+    verdict.main(["--choose", str(out), "--json", str(grid)])
+    chosen = json.loads(grid.read_text())
+    assert len(chosen["deep"]) == len(verdict.DEEP_MARGINS) * len(verdict.DEEP_EPSILONS)
+    assert all(t["judged"] == 2 for t in chosen["deep"] + chosen["outputs"])  # random and held-out, evidence on both
+
+
+def test_the_sign_test_against_exact_binomial_figures():
+    verdict = load("verdict")
+    assert verdict.sign_test(0, 0) == 1.0 and verdict.sign_test(3, 3) == 1.0
+    assert verdict.sign_test(2, 0) == 0.5  # two images lost of 64: chance
+    assert verdict.sign_test(6, 0) == verdict.sign_test(0, 6) == 2 / 64
+    assert abs(verdict.sign_test(9, 1) - 2 * 11 / 1024) < 1e-12
+
+
+def test_a_loss_is_lost_only_past_keep_and_beyond_chance():
+    verdict = load("verdict")
+    task = {"input": 100.0, "keep": 2.0}
+    assert verdict.outcome(task | {"fixed": 98.5, "p": 0.01}) == "kept"
+    assert verdict.outcome(task | {"fixed": 96.9, "p": 0.5}) == "unclear"
+    assert verdict.outcome(task | {"fixed": 90.0, "p": 0.002}) == "lost"
+    assert verdict.outcome({"input": 0.0, "fixed": 0.0, "keep": 2.0, "p": 1.0}) == "kept"
+
+
+def test_the_replayed_verdict_holds_each_row_to_its_own_allowance():
+    """An output well within the outputs' allowance, the deepest tensors 2.5 times further from the twin:
+    only the deep row's margin decides."""
+    verdict = load("verdict")
+    rows = {"twin": True, "outputs": [[0.1, 0.12, True]], "deep": [0.4, 1.0], "passed": False}
+    assert verdict.replay(rows, 0.41, 0.03, 0.41, 0.03) == "refuse"
+    assert verdict.replay(rows, 10.0, 0.03, 0.41, 0.03) == "refuse"
+    assert verdict.replay(rows, 0.41, 0.03, 1.5, 0.0) == "pass"
+    assert verdict.replay(rows | {"outputs": [[0.1, 0.12, False]]}, 0.41, 0.03, 1.5, 0.0) == "no evidence"
+    lost = {"corpus": "trained", "task": {"input": 100.0, "fixed": 80.0, "keep": 2.0, "p": 0.001},
+            "random": rows, "held_out": rows | {"deep": None}}
+    counts = verdict.disagreements([lost], 0.41, 0.03, 1.5, 0.0)
+    assert counts["trained random"]["false_pass"] == 1 and counts["trained held_out"]["false_pass"] == 1
+    assert verdict.disagreements([lost], 0.41, 0.03, 0.41, 0.03)["trained random"]["false_pass"] == 0

@@ -216,6 +216,9 @@ def test_random_inputs_stay_where_the_quantizers_saturate_rarely(tmp_path):
 
 @pytest.mark.parametrize("table, expect", [
     ("margin = -1", "[verdict] margin must be a number >= 0"),
+    ("deep_margin = -0.5", "[verdict] deep_margin must be a number >= 0"),
+    ("deep_epsilon = \"wide\"", "[verdict] deep_epsilon must be a number >= 0"),
+    ("deep_epsilon = true", "[verdict] deep_epsilon must be a number >= 0"),
     ("runtime = \"gpu\"", "[verdict] runtime must be \"exact\" or \"optimized\""),
     ("samples = 0", "[verdict] samples must be a whole number >= 1"),
     ("tolerance = 3", "[verdict] has unknown key(s) tolerance"),
@@ -231,12 +234,12 @@ def test_a_broken_verdict_table_is_one_line_exit_2(tmp_path, table, expect):
 
 
 def test_a_margin_in_your_rules_file_decides(tmp_path):
-    """The same pair fails with the shipped margin and passes with a wider one from the user's file."""
+    """The same pair fails with the shipped margins and passes with wider ones from the user's file."""
     fine = conv_net(tmp_path / "fine.onnx", 0.01, 0.02)
     coarse = conv_net(tmp_path / "coarse.onnx", 0.08, 0.16)
     assert qdq("verify", fine, coarse, "--target", "npu").code == 1
     rules = tmp_path / "wide.toml"
-    rules.write_text('extends = "npu"\n[verdict]\nmargin = 100\n')
+    rules.write_text('extends = "npu"\n[verdict]\nmargin = 100\ndeep_margin = 100\n')
     assert qdq("verify", fine, coarse, "--rules", rules).code == 0
 
 
@@ -351,9 +354,9 @@ def quiet_head(path: Path, hidden_scale: float) -> Path:
 
 
 def test_a_nearly_constant_output_does_not_hide_a_broken_layer(tmp_path):
-    """A hidden quantizer 16 times coarser barely moves a certain softmax (within epsilon of the twin),
+    """A hidden quantizer 64 times coarser barely moves a certain softmax (within epsilon of the twin),
     and leaves the layer it quantizes far from its float computation: the deepest tensors refuse it."""
-    fine, coarse = quiet_head(tmp_path / "fine.onnx", 0.02), quiet_head(tmp_path / "coarse.onnx", 0.32)
+    fine, coarse = quiet_head(tmp_path / "fine.onnx", 0.02), quiet_head(tmp_path / "coarse.onnx", 1.28)
     run_ = qdq("verify", fine, coarse, "--target", "npu", "--format", "json")
     document = run_.json()
     (o,) = document["outputs"]
@@ -364,6 +367,26 @@ def test_a_nearly_constant_output_does_not_hide_a_broken_layer(tmp_path):
     assert run_.code == 1 and not document["passed"]
     same = qdq("verify", fine, fine, "--target", "npu", "--format", "json").json()
     assert same["passed"] and same["network"]["candidate_to_twin"] == same["network"]["input_to_twin"]
+
+
+def test_the_deepest_tensors_are_held_to_their_own_allowance(tmp_path):
+    """`deep_margin`/`deep_epsilon` decide the deepest tensors' row, `margin`/`epsilon` the outputs': widening
+    the outputs' margin leaves the broken layer refused, widening the deep row's lets it pass."""
+    fine, coarse = quiet_head(tmp_path / "fine.onnx", 0.02), quiet_head(tmp_path / "coarse.onnx", 0.32)
+
+    def verify(table: str) -> dict:
+        rules = tmp_path / "mine.toml"
+        rules.write_text(f'extends = "npu"\n[verdict]\n{table}\n')
+        return qdq("verify", fine, coarse, "--rules", rules, "--format", "json").json()
+
+    wide_outputs = verify("margin = 100\ndeep_margin = 0.5\ndeep_epsilon = 0.01")
+    network = wide_outputs["network"]
+    assert not wide_outputs["passed"] and not network["passed"]
+    assert network["allowed"] == pytest.approx(network["input_to_twin"] * 1.5 + 0.01)
+    assert "× 101 + 0.03 per output, × 1.5 + 0.01 for the deepest quantized tensors" in wide_outputs["criterion"]
+    wide_deep = verify("margin = 0.5\ndeep_margin = 100")
+    assert wide_deep["passed"] and wide_deep["network"]["passed"]
+    assert wide_deep["outputs"][0]["allowed"] == pytest.approx(wide_deep["outputs"][0]["input_to_twin"] * 1.5 + 0.03)
 
 
 def test_open_image_sides_get_the_networks_stride(tmp_path):

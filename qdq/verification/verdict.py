@@ -9,7 +9,8 @@ output, on the same inputs,
 with d the relative L2 distance. A fix that brings the model closer to its float computation
 passes even when it moves the outputs a lot (a clip point moved to where the data is); a fix
 that doubles the quantization error fails even when the outputs moved little. `margin` and
-`epsilon` are the rule set's `[verdict]` parameters. Where no twin can be built (no activation
+`epsilon` are the rule set's `[verdict]` parameters; the network's deepest quantized tensors,
+judged as one more row, have their own (`deep_margin`, `deep_epsilon`). Where no twin can be built (no activation
 Q/DQ pair, quantization in ops qdq does not read), the candidate is compared with the input
 directly and must keep `fallback_min_sqnr` dB; the report says so. A change that claims to be
 exact must give bit-identical outputs, and the quantized integers it computes must stand for the
@@ -60,6 +61,8 @@ class Criterion:
 
     margin: float
     epsilon: float
+    deep_margin: float  # for the row of the network's deepest quantized tensors (`_network`)
+    deep_epsilon: float
     fallback_min_sqnr: float
     samples: int
     max_saturation: float
@@ -72,13 +75,14 @@ class Criterion:
     @classmethod
     def of(cls, ruleset: RuleSet, **gates) -> Criterion:
         settings = dict(ruleset.verdict)
-        keys = {"margin", "epsilon", "fallback_min_sqnr", "samples", "max_saturation", "runtime"}
+        keys = {"margin", "epsilon", "deep_margin", "deep_epsilon", "fallback_min_sqnr", "samples", "max_saturation",
+                "runtime"}
         if set(settings) - keys:
             raise RuleSetError(f"[verdict] has unknown key(s) {', '.join(sorted(set(settings) - keys))}")
         if keys - set(settings):
             raise RuleSetError(f"rule set {ruleset.name!r} has no [verdict] {', '.join(sorted(keys - set(settings)))} "
                                "(extend a shipped set, such as common, to inherit them)")
-        for key in ("margin", "epsilon", "fallback_min_sqnr", "max_saturation"):
+        for key in ("margin", "epsilon", "deep_margin", "deep_epsilon", "fallback_min_sqnr", "max_saturation"):
             if not isinstance(settings[key], (int, float)) or isinstance(settings[key], bool) or settings[key] < 0:
                 raise RuleSetError(f"[verdict] {key} must be a number >= 0, got {settings[key]!r}")
         if not isinstance(settings["samples"], int) or isinstance(settings["samples"], bool) or settings["samples"] < 1:
@@ -87,13 +91,20 @@ class Criterion:
             raise RuleSetError(f"[verdict] runtime must be \"exact\" or \"optimized\", got {settings['runtime']!r}")
         return cls(**settings, **{k: v for k, v in gates.items() if v is not None})
 
-    def allowed(self, input_to_twin: float) -> float:
-        """The farthest a candidate may be from the float twin, given how far the input is."""
+    def allowed(self, input_to_twin: float, deep: bool = False) -> float:
+        """The farthest a candidate may be from the float twin, given how far the input is: an output's,
+        or (`deep`) the network's deepest quantized tensors'."""
+        if deep:
+            return input_to_twin * (1 + self.deep_margin) + self.deep_epsilon
         return input_to_twin * (1 + self.margin) + self.epsilon
 
-    def describe(self, twin: bool) -> str:
+    def describe(self, twin: bool, deep: bool = False) -> str:
+        """The criterion line of the report; `deep` when the deepest quantized tensors were judged too."""
         if twin:
             text = f"distance from the float twin at most the input's × {1 + self.margin:g} + {self.epsilon:g}"
+            if deep:
+                text += (f" per output, × {1 + self.deep_margin:g} + {self.deep_epsilon:g} for the deepest "
+                         "quantized tensors")
         else:
             text = f"SQNR against the input >= {self.fallback_min_sqnr:g} dB"
         gates = [f"atol {self.atol:g}, rtol {self.rtol:g}"] if math.isfinite(self.atol) else []
@@ -150,7 +161,6 @@ def judge(
         rtol=criterion.rtol, min_sqnr=criterion.min_sqnr,
         twin=f"float twin ({twin.pairs} activation Q/DQ pair(s) removed)" if twin_out is not None
         else f"no float twin: {twin.reason}",
-        criterion="bit-identical outputs and quantized integers" if exact else criterion.describe(twin_out is not None),
         runtime=runtime,
     )
     if exact:
@@ -178,6 +188,8 @@ def judge(
         result.outputs.append(row)
     if runs.deep and twin_out is not None:
         result.network = _network(runs.deep, ref_out, cand_out, twin_out, len(samples), criterion)
+    result.criterion = "bit-identical outputs and quantized integers" if exact else \
+        criterion.describe(twin_out is not None, result.network is not None)
     return result
 
 
@@ -196,7 +208,7 @@ def _network(names: list[str], ref_out: dict, cand_out: dict, twin_out: dict, sa
     row = compare_arrays(f"deepest {len(told)} quantized tensors", a, b, math.inf, 0.0, None)
     row.shape = (len(told),)
     row.input_to_twin, row.candidate_to_twin = _distance(a, t), _distance(b, t)
-    row.allowed = criterion.allowed(row.input_to_twin)
+    row.allowed = criterion.allowed(row.input_to_twin, deep=True)
     row.passed = row.candidate_to_twin <= row.allowed
     row.verdict_failure = "" if row.passed else "further from the float twin"
     return row

@@ -100,12 +100,25 @@ def judged(verification: dict | None, violations: list[str], what: str) -> dict 
     if twin and all(o["evidence"] for o in outputs) and bool(beyond) == verification["passed"]:
         violations.append(f"{what}: verdict {'PASS' if verification['passed'] else 'FAIL'} but outputs beyond "
                           f"the allowed distance from the twin: {beyond or 'none'}")
-    worst = max(twin, key=lambda o: float(o["candidate_to_twin"]) / max(float(o["allowed"]), 1e-30), default=None)
+    network = verification.get("network")
+    worst = _worst(twin)
     return {"passed": verification["passed"], "evidence": all(o["evidence"] for o in outputs),
-            "network": verification.get("network") is not None,
+            "network": network is not None,
             "twin": verification["twin"], "inputs": verification["inputs"],
-            **({k: float(worst[k]) for k in ("input_to_twin", "candidate_to_twin", "allowed", "relative_l2")}
-               if worst else {})}
+            **(_figures(worst) if worst else {}),
+            # The two kinds of row separately: each has its own allowance (the rule set's [verdict]).
+            "outputs_row": _figures(_worst([o for o in twin if o is not network])),
+            "deep_row": _figures(network if network in twin else None)}
+
+
+def _worst(rows: list[dict]) -> dict | None:
+    """The row furthest beyond (or nearest to) its allowed distance from the twin."""
+    return max(rows, key=lambda o: float(o["candidate_to_twin"]) / max(float(o["allowed"]), 1e-30), default=None)
+
+
+def _figures(row: dict | None) -> dict | None:
+    keys = ("input_to_twin", "candidate_to_twin", "allowed", "relative_l2")
+    return {k: float(row[k]) for k in keys} if row is not None else None
 
 
 def agrees(verify: Run, fixed: dict | None, violations: list[str], inputs: str) -> bool | None:

@@ -77,9 +77,13 @@ def ctc_decode(probabilities: np.ndarray, characters: list[str]) -> list[str]:
     return texts
 
 
+def alphabet() -> list[str]:
+    """The recognizer's classes: blank, its dictionary, a space."""
+    return ["blank", *(DATA / "ppocr_keys.txt").read_text(encoding="utf-8").splitlines(), " "]
+
+
 def recognition(outputs: np.ndarray, expected: list[str]) -> dict:
-    keys = (DATA / "ppocr_keys.txt").read_text(encoding="utf-8").splitlines()
-    texts = ctc_decode(outputs, ["blank", *keys, " "])
+    texts = ctc_decode(outputs, alphabet())
     errors = sum(edit_distance(t, e) for t, e in zip(texts, expected))
     return {"string_accuracy": float(np.mean([t == e for t, e in zip(texts, expected)])),
             "cer": errors / sum(len(e) for e in expected)}
@@ -146,15 +150,36 @@ def top1(outputs: np.ndarray, expected: list) -> dict:
 
 def metric(model_path: str | Path, task: str, optimized: bool = True) -> dict:
     """The task metric of MODEL_PATH on TASK's evaluation set (see the module docstring)."""
-    outputs = run(model_path, inputs(task), optimized)
-    expected = truth(task)
+    return figures(run(model_path, inputs(task), optimized), task)
+
+
+def figures(outputs: np.ndarray, task: str) -> dict:
+    """The task metric of a model's outputs on TASK's evaluation set."""
+    if task not in TASKS:
+        raise ValueError(f"unknown task {task!r}; expected one of {', '.join(TASKS)}")
+    expected = _expected(task)
     if task == "rec":
         return recognition(outputs, expected)
     if task == "det":
         return detection(outputs, expected)
-    if task == "cls":
-        return top1(outputs, expected)
+    return top1(outputs, expected)
+
+
+def per_sample(outputs: np.ndarray, task: str) -> np.ndarray:
+    """Each sample's score, so two models can be compared sample by sample (benchmarks/verdict.py's sign
+    test): 1 or 0 for a string or class right or wrong, a page's own F1 for the detector."""
+    expected = _expected(task)
+    if task == "rec":
+        return np.array([t == e for t, e in zip(ctc_decode(outputs, alphabet()), expected)], float)
+    if task == "det":
+        return np.array([detection(outputs[i:i + 1], expected[i:i + 1])["f1"] for i in range(len(expected))])
+    return (outputs.argmax(axis=-1) == np.asarray(expected)).astype(float)
+
+
+def _expected(task: str) -> list:
+    """The ground truth as the scores compare it: magika's labels as the indices of its output."""
+    expected = truth(task)
     if task == "magika":
         labels = json.loads((DATA / "magika_labels.json").read_text())
-        return top1(outputs, [labels.index(entry["label"]) for entry in expected])
-    raise ValueError(f"unknown task {task!r}; expected one of {', '.join(TASKS)}")
+        return [labels.index(entry["label"]) for entry in expected]
+    return expected
