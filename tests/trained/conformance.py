@@ -12,7 +12,8 @@ write the same candidate: inputs only judge it. The run's figures and every brok
 - what fix writes passes `onnx.checker.check_model(full_check=True)` (when the input does) and
   loads in onnxruntime, with its optimisations off and on;
 - `qdq verify` on the pair gives fix's verdict; a refused candidate has an output (or its deepest
-  quantized tensors) further from the twin than allowed, a passed one none;
+  quantized tensors) further from the twin than allowed, a passed one none; on the evaluation set
+  the outputs' distances are those of a twin built without qdq (`independent_twin.py`);
 - a second fix changes nothing, and no command changes the input file;
 - a file lint calls clean passes the target's independent checker.
 """
@@ -21,10 +22,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
 import onnx
 
 from cli_run import Run, qdq
-from test_conformance import CHECKERS, assert_well_behaved, checker_passes, digest, onnxruntime_loads
+from test_conformance import CHECKERS, assert_twin_distances, assert_well_behaved, checker_passes, digest, \
+    onnxruntime_loads
 
 
 def run(model: Path, target: str, scratch: Path, eval_inputs: Path | None = None) -> dict:
@@ -68,6 +71,13 @@ def run(model: Path, target: str, scratch: Path, eval_inputs: Path | None = None
                                "--inputs", eval_inputs), "fix --inputs")
         if fix_eval.code != 2:
             cell["verdict_eval"] = judged(fix_eval.json()["verification"], violations, "fix --inputs")
+            if again.exists() and fix_eval.json()["verification"] is not None:
+                try:  # the distances from a twin built without qdq, on the same samples
+                    with np.load(eval_inputs) as samples:
+                        feeds = dict(samples.items())
+                    assert_twin_distances(model, again, feeds, fix_eval.json()["verification"])
+                except AssertionError as error:
+                    violations.append(f"fix --inputs: {' '.join(str(error).split())[:240]}")
             if again.exists() and again.read_bytes() != out.read_bytes():
                 violations.append("fix wrote a different model when given --inputs")
             verify_eval = behaved(qdq("verify", model, out, "--target", target, "--format", "json",
