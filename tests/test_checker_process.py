@@ -92,3 +92,36 @@ def test_no_interpreter_to_start_means_checking_in_process(monkeypatch):
     monkeypatch.setattr(checker_process, "MIN_NODES", 0)
     assert checker_process.start_checker(CORPUS / CASES["plain"], 10) is None
     assert loaded(CORPUS / CASES["plain"])[0] == "model"
+
+
+def test_the_session_child_reports_whether_onnxruntime_loads_the_file(tmp_path):
+    (tmp_path / "not_onnx.onnx").write_bytes(b"not a model")
+    with checker_process.SessionProcess(CORPUS / CASES["plain"]) as loads:
+        assert loads.accepted("loading") is True
+    with checker_process.SessionProcess(tmp_path / "not_onnx.onnx") as refuses:
+        assert refuses.accepted("loading") is False
+
+
+@pytest.mark.parametrize("target", ["npu", "trt"])
+def test_a_large_fix_is_verified_beside_onnxruntimes_load_with_the_same_outcome(target, monkeypatch, tmp_path):
+    """Above MIN_NODES onnxruntime loads the written file in a child while the verdict runs here: the same
+    file, report and exit code as in process (npu's verdict refuses this fix, trt's passes it)."""
+    from cli_run import qdq
+
+    def fixed(where: str):
+        out = tmp_path / where
+        out.mkdir()
+        run = qdq("fix", CORPUS / "ort/resnet_u8_per_channel_reduce_range.onnx", "--target", target, "-o",
+                  out / "fixed.onnx", "--format", "json")
+        written = (out / "fixed.onnx").read_bytes() if (out / "fixed.onnx").exists() else None
+        return run.code, run.out.replace(str(out), "OUT"), written
+
+    started = []
+    monkeypatch.setattr(checker_process, "SessionProcess", lambda p, real=checker_process.SessionProcess:
+                        started.append(p) or real(p))
+    in_process = fixed("in_process")
+    monkeypatch.setattr(checker_process, "MIN_NODES", 0)
+    beside = fixed("beside")
+    assert len(started) == 1
+    assert beside == in_process
+

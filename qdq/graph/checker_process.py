@@ -1,5 +1,5 @@
 """The ONNX checker on a large model's file in a second process, while this one builds the graph
-(or, for a file `qdq fix` writes, onnxruntime's session of it).
+(or, for a file `qdq fix` writes, judges it); and onnxruntime's load of a large written file.
 
 On 100k nodes the checker takes about 0.7 s and holds the interpreter lock, so a thread would
 not overlap it with the import; a child process on a second core does. The child only says
@@ -14,7 +14,11 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import time
+from importlib.util import find_spec
 from pathlib import Path
+
+from qdq.support import progress
 
 # Below this many nodes the checker costs less than the child's interpreter start (about 0.3 s).
 MIN_NODES = 30_000
@@ -42,14 +46,63 @@ class CheckerProcess:
             self._child.wait()
 
 
+class SessionProcess:
+    """onnxruntime building a session of a written file in a child process, as qdq builds every session
+    (`qdq.support.ort_options`, run as a script: the child does not load qdq).
+
+    The session of a 100k-node file takes minutes to build and seconds to free, and freeing it holds the
+    interpreter lock, so the progress line stands still; the child exits without freeing it, and meanwhile
+    this process verifies the file. Like `CheckerProcess` it only says whether onnxruntime accepts the
+    file: the caller loads it again in process for the refusal's message.
+    """
+
+    def __init__(self, path: Path):
+        script = find_spec("qdq.support.ort_options").origin  # found without importing onnxruntime here
+        self._child = subprocess.Popen(
+            [sys.executable, "-c", "import runpy, sys; runpy.run_path(sys.argv.pop(1), run_name='__main__')",
+             script, str(path)], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+    def accepted(self, doing: str) -> bool:
+        """Wait, with `doing` on the progress line; True when onnxruntime built the session."""
+        while self._child.poll() is None:
+            progress.step(doing)
+            time.sleep(0.25)
+        return self._child.returncode == 0
+
+    def __enter__(self) -> SessionProcess:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self._child.poll() is None:
+            self._child.kill()
+            self._child.wait()
+
+
+def start_session(path: Path, nodes: int) -> SessionProcess | None:
+    """A child building onnxruntime's session of `path` when the model is large and a second core can run
+    it; else None (the caller builds the session itself)."""
+    if not _child_pays(nodes):
+        return None
+    try:
+        return SessionProcess(path)
+    except OSError:
+        return None
+
+
 def start_checker(path: Path, nodes: int, full_check: bool = False) -> CheckerProcess | None:
     """A child checking `path` when the model is large and a second core can run it; else None."""
-    if nodes < MIN_NODES or usable_cores() < 2 or getattr(sys, "frozen", False):
-        return None  # a frozen application's executable is not an interpreter that takes -c
+    if not _child_pays(nodes):
+        return None
     try:
         return CheckerProcess(path, full_check)
     except OSError:  # no interpreter to start (an embedded Python, a process limit): check in process
         return None
+
+
+def _child_pays(nodes: int) -> bool:
+    """Whether a model is large enough for a child process to pay, and a second core can run it. A frozen
+    application's executable is not an interpreter that takes -c."""
+    return nodes >= MIN_NODES and usable_cores() >= 2 and not getattr(sys, "frozen", False)
 
 
 def usable_cores() -> int:

@@ -22,7 +22,7 @@ from google.protobuf.message import DecodeError
 from onnx import TensorProto, numpy_helper
 
 from qdq.graph import ir
-from qdq.graph.checker_process import CheckerProcess, start_checker
+from qdq.graph.checker_process import CheckerProcess, start_checker, start_session
 from qdq.graph.normalize import normalize
 from qdq.graph.ops import DEQUANTIZE, QDQ_DOMAINS, QDQ_OPS
 from qdq.graph.read import default_opset, import_graph
@@ -42,6 +42,8 @@ _EXTERNAL_THRESHOLD_BYTES = 1024
 # Where onnx's own writer aligns external tensors: tensors of 1 MiB and more start at 64 KiB boundaries.
 _ALIGN_THRESHOLD_BYTES, _ALIGNMENT = 1 << 20, 1 << 16
 _COPY_BLOCK_BYTES = 16 << 20
+# Up to this size a written file's verification runs beside onnxruntime's load of it in a second process.
+_BESIDE_SESSION_BYTES = 512 << 20
 # Element types whose raw_data is the little-endian numpy layout as it is.
 _RAW_DTYPES = {
     TensorProto.FLOAT: np.dtype("<f4"),
@@ -234,7 +236,7 @@ def save_model(
         if any(_is_external(t) for t in tensors) or model.uses_external_data:
             created.append(_write_data_file(tensors, model.base_dir, out_path))
         atomic_write_bytes(out_path, proto.SerializeToString(),
-                           check=lambda tmp: _check_output(model, tmp, out_path, check))
+                           check=lambda tmp: _check_output(model, tmp, out_path, check, bool(created)))
     except BaseException as exc:
         for path in created:
             with suppress(OSError):
@@ -272,23 +274,42 @@ def _settle_element_types(graph: ir.Graph) -> None:
             out.dtype = implied
 
 
-def _check_output(model: Model, written: Path, out_path: Path, check: Callable[[Path, list], None] | None) -> None:
+def _check_output(model: Model, written: Path, out_path: Path, check: Callable[[Path, list], None] | None,
+                  external: bool) -> None:
     """Refuse to move a model into place that the full ONNX checker or onnxruntime refuses.
 
     Such a model is qdq's fault, not the user's: the message says so. An input that fails the
     same check itself (the checker is stricter than onnxruntime) only has to be no worse. The
     checker holds the interpreter lock (seconds at 100k nodes): a large model's is run in a second
-    process while onnxruntime builds its session here.
-    `check` is handed onnxruntime's session of the written file in a one-item list: a verdict may
-    take it and run it rather than build the model again, and the session is freed once taken and run.
+    process while onnxruntime builds its session. A large model's session is built in a second process
+    too (`SessionProcess`), and `check` runs meanwhile, unless the file's weights are external or large
+    (memory would hold them twice); its outcome stands only once onnxruntime has accepted the file.
+    `check` is handed onnxruntime's session of the written file in a one-item list when this process built
+    it: a verdict may take it and run it rather than build the model again, and the session is freed once
+    taken and run.
     """
     progress.step(f"checking {out_path.name} before writing it")
     opened: list = []
-    with start_checker(written, len(model.graph.nodes), full_check=True) or nullcontext() as child:
-        runtime_problem = _onnxruntime_refusal(written, opened)
+    failure: Exception | None = None
+    nodes = len(model.graph.nodes)
+    with start_checker(written, nodes, full_check=True) or nullcontext() as child, \
+            start_session(written, nodes) or nullcontext() as runtime:
+        if runtime is None:
+            runtime_problem = _onnxruntime_refusal(written, opened)
+        elif check is not None and not external and written.stat().st_size <= _BESIDE_SESSION_BYTES:
+            try:
+                check(written, opened)
+            except Exception as exc:  # raised once onnxruntime has accepted the file
+                failure = exc
+            check = None
+        if runtime is not None:
+            runtime_problem = None if runtime.accepted(f"onnxruntime loading {out_path.name}") \
+                else _onnxruntime_refusal(written)
         checker_problem = None if child is not None and child.accepted() else _checker_refusal(written)
     _refuse_if_worse(model, out_path, "the ONNX checker", checker_problem, _checker_refusal)
     _refuse_if_worse(model, out_path, "onnxruntime", runtime_problem, _onnxruntime_refusal)
+    if failure is not None:
+        raise failure
     if check is not None:
         check(written, opened)
 

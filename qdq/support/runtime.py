@@ -25,7 +25,7 @@ from typing import Callable, NamedTuple, TypeVar
 
 import onnxruntime as ort
 
-from qdq.support import progress
+from qdq.support import ort_options, progress
 
 log = logging.getLogger("qdq")
 
@@ -106,15 +106,7 @@ def _wait(worker: _Worker, doing: str):
 
 
 def _build(model: Source, optimized: bool) -> ort.InferenceSession:
-    options = ort.SessionOptions()
+    verbose = log.isEnabledFor(logging.DEBUG)
     if isinstance(model, InMemory):
-        options.add_session_config_entry("session.model_external_initializers_file_folder_path", str(model.folder))
-        model = model.data
-    if not optimized:
-        options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
-    # Without its arena onnxruntime gives each run's buffers back: with it, a session that dequantizes a
-    # 256 MiB int8 weight grew by the 1 GiB float copy on every sample (9 GB for four samples of a 0.5 GiB model).
-    options.enable_cpu_mem_arena = False
-    options.log_severity_level = 2 if log.isEnabledFor(logging.DEBUG) else 4
-    source = model if isinstance(model, bytes) else str(model)
-    return ort.InferenceSession(source, options, providers=["CPUExecutionProvider"])
+        return ort_options.build(model.data, optimized, model.folder, verbose)
+    return ort_options.build(model if isinstance(model, bytes) else str(model), optimized, verbose=verbose)

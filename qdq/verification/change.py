@@ -57,12 +57,13 @@ def changed_region(reference: onnx.ModelProto, reference_folder: Path, candidate
             unchanged.update(node.output)
         else:
             changed_nodes.append(node)
-    made = {o for n in changed_nodes for o in n.output}
-    read = list(dict.fromkeys(i for n in changed_nodes for i in n.input if i and i not in made))
+    made = {o for n in progress.each(changed_nodes, None) for o in n.output}
+    read = list(dict.fromkeys(i for n in progress.each(changed_nodes, None) for i in n.input if i and i not in made))
     declared = {v.name: v for v in graph.input}
     boundary = [name for name in read if name in unchanged and name not in weights and name not in declared]
     outputs = [o for o in graph.output if o.name not in unchanged]
     needed = set(read)
+    progress.tick()  # copying the region's nodes into a model of their own
     region_graph = helper.make_graph(
         changed_nodes, graph.name or "region",
         [declared[name] for name in read if name in declared] + [onnx.ValueInfoProto(name=n) for n in boundary],

@@ -41,12 +41,13 @@ _STRIDED = frozenset({"Conv", "ConvInteger", "QLinearConv", "MaxPool", "AverageP
 _MIN_SIDE = 8
 
 
-def meant_inputs(reference: Path, candidate: Path, twin: Twin, probe: Pieces | None, criterion, seed: int,
-                 shapes: dict | None) -> tuple[list[dict[str, np.ndarray]], str, dict[str, np.ndarray] | None]:
-    """`criterion.samples` feeds, their label for the report, and the twin's outputs on them when it ran
-    them (`probe`, the twin ready to run, chooses the amplitude and computes them: one twin run, not two)."""
-    drawn = RandomInputs(reference, shapes, range_from=candidate)
-    opened = {name: size for name, size in open_image_sizes(drawn.graph).items() if name not in drawn.shapes}
+def meant_inputs(drawn: RandomInputs, twin: Twin, probe: Pieces | None, criterion, seed: int, shapes: dict | None
+                 ) -> tuple[list[dict[str, np.ndarray]], str, dict[str, np.ndarray] | None]:
+    """`criterion.samples` feeds drawn from the input model (`drawn`, given the user's `shapes`), their label for
+    the report, and the twin's outputs on them when it ran them (`probe`, the twin ready to run, chooses the
+    amplitude and computes them: one twin run, not two)."""
+    reference = drawn.model_path
+    opened = {name: size for name, size in open_image_sizes(drawn.graph).items() if name not in (shapes or {})}
     drawn.shapes.update(opened)
     sized = "".join(f", {name} {'×'.join(map(str, size))}" for name, size in opened.items())
 
@@ -57,6 +58,7 @@ def meant_inputs(reference: Path, candidate: Path, twin: Twin, probe: Pieces | N
     if probe is None or not twin.watched:
         return draw(1.0, seed, count), f"random (seed {seed}, {count} sample(s){sized})", None
     watched = twin.watched
+    progress.step("choosing random inputs")
     ranges = Quantizers(twin.model.graph, reference.parent)
     chosen = _AMPLITUDES[-1]
     for amplitude in _AMPLITUDES:

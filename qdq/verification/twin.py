@@ -65,8 +65,8 @@ def float_twin(model: onnx.ModelProto, coverage: dict[str, Any], folder: Path | 
         return Twin(None, 0, f"it quantizes in ops whose float form qdq does not know ({describe({**quantizers, **integers})})")
     constant = _constant_names(graph)
     progress.tick()
-    producers = {name: node for node in graph.node for name in node.output if name}
-    quantized = [(node.input[0], node) for node in graph.node
+    producers = {name: node for node in progress.each(graph.node, None) for name in node.output if name}
+    quantized = [(node.input[0], node) for node in progress.each(graph.node, None)
                  if _is(node, QUANTIZE) and node.input[0] not in constant]
     replaced: dict[int, list[onnx.NodeProto]] = {}
     progress.tick()
@@ -90,7 +90,8 @@ def float_twin(model: onnx.ModelProto, coverage: dict[str, Any], folder: Path | 
     twin = onnx.ModelProto()
     twin.CopyFrom(model)
     del twin.graph.node[:]
-    twin.graph.node.extend(made for i, node in enumerate(graph.node) for made in replaced.get(i, [node]))
+    twin.graph.node.extend(made for i, node in enumerate(progress.each(graph.node, None))
+                           for made in replaced.get(i, [node]))
     twin.graph.initializer.extend(constants)
     _drop_dead_nodes(twin.graph)
     dequantized = [graph.node[i].output[0] for i in sorted(replaced)]
@@ -154,7 +155,7 @@ def _is(node: onnx.NodeProto, op: str) -> bool:
 def _constant_names(graph: onnx.GraphProto) -> set[str]:
     """Tensors only constants make: initializers, Constant nodes, and nodes all of whose inputs are such."""
     known = {t.name for t in graph.initializer}
-    for node in graph.node:  # the graph is in topological order
+    for node in progress.each(graph.node, None):  # the graph is in topological order
         inputs = [name for name in node.input if name]
         if node.op_type == "Constant" or (inputs and all(name in known for name in inputs)):
             known.update(name for name in node.output if name)
@@ -177,11 +178,11 @@ def _drop_dead_nodes(graph: onnx.GraphProto) -> None:
     progress.step("building the float twin")
     nodes = list(graph.node)
     reads = [set(node.input) | {name for attr in node.attribute for sub in _subgraphs(attr) for name in _outer_names(sub)}
-             for node in nodes]
+             for node in progress.each(nodes, None)]
     readers = Counter(name for names in reads for name in names)
     read_outside = {o.name for o in graph.output}
     producers: dict[str, list[int]] = {}
-    for i, node in enumerate(nodes):
+    for i, node in enumerate(progress.each(nodes, None)):
         for name in node.output:
             if name:
                 producers.setdefault(name, []).append(i)
@@ -202,7 +203,7 @@ def _drop_dead_nodes(graph: onnx.GraphProto) -> None:
                 pending += [j for j in producers.get(name, ()) if not dropped[j] and unread(j)]
     if any(dropped):
         del graph.node[:]
-        graph.node.extend(node for node, gone in zip(nodes, dropped) if not gone)
+        graph.node.extend(node for node, gone in zip(progress.each(nodes, None), dropped) if not gone)
 
 
 def _subgraphs(attr: onnx.AttributeProto) -> list[onnx.GraphProto]:

@@ -44,7 +44,7 @@ from qdq.verification.meant_inputs import meant_inputs, watch
 from qdq.verification.pieces import PieceFailed, Pieces, element_types, joined, small_weights, uncuttable
 from qdq.verification.twin import Twin, float_twin
 from qdq.verification.verify import (
-    CandidateFailed, OutputComparison, Quantizers, UnfeedableInput, VerifyResult, as_array, cannot_load,
+    CandidateFailed, OutputComparison, Quantizers, RandomInputs, UnfeedableInput, VerifyResult, as_array, cannot_load,
     check_same_outputs, check_same_shape, compare_arrays,
 )
 
@@ -144,7 +144,7 @@ def judge(
         if not exact else Twin(None, 0, "the change claims to be exact")
     if twin.model is not None and samples is None:
         watch(twin)  # the twin also outputs what its quantizers read: random inputs are chosen on it
-    observe = (criterion, samples, inputs_label, seed, shapes)
+    observe = (criterion, samples, inputs_label, seed, shapes, proto.graph)
     deep = _deepest(proto, fixed, twin) if twin.model is not None and not optimized else []
     runtime = "onnxruntime, default optimisations" if optimized else "onnxruntime, optimisations off"
     try:
@@ -214,14 +214,18 @@ def _network(names: list[str], ref_out: dict, cand_out: dict, twin_out: dict, sa
     return row
 
 
-def _observe(runs: _Runs, criterion: Criterion, samples: list | None, label: str, seed: int, shapes: dict | None):
+def _observe(runs: _Runs, criterion: Criterion, samples: list | None, label: str, seed: int, shapes: dict | None,
+             graph: onnx.GraphProto):
     """(samples, label, (input's, candidate's, twin's outputs)) on the user's samples; without them on random
-    inputs the model is meant to see, and when those tell nothing, on white noise over the whole input range."""
+    inputs the model is meant to see, and when those tell nothing, on white noise over the whole input range.
+    `graph` is the input model's, already read."""
     if samples is not None:
         return samples, label, runs.outputs(samples, label)
+    progress.step("choosing random inputs")
+    drawn = RandomInputs(runs.reference, shapes, range_from=runs.candidate, graph=graph)
     attempts = ((runs.twin, runs.twin_pieces, seed), (Twin(None, 0), None, seed + 1))
     for number, (chosen, probe, first) in enumerate(attempts, 1):
-        samples, label, twin_out = meant_inputs(runs.reference, runs.candidate, chosen, probe, criterion, first, shapes)
+        samples, label, twin_out = meant_inputs(drawn, chosen, probe, criterion, first, shapes)
         # The twin ran first, on these samples: where its outputs already tell nothing, so will the three together,
         # and the input and fixed models need not run on them.
         told = twin_out is None or all(_evidence(name, twin_out, None, len(samples)) for name in runs.output_names)
@@ -257,7 +261,7 @@ class _Runs:
         else:
             built = None
         # An exact change is held to the integers too: the quantized tensors of its region the input also computes.
-        computed = {o: n for n in proto.graph.node for o in n.output}
+        computed = {o: n for n in proto.graph.node for o in n.output} if exact else {}
         self.quantizers = {n.output[0]: (computed[n.output[0]], n) for n in self.region.model.graph.node
                            if exact and n.op_type == "QuantizeLinear" and n.output[0] in computed}
         self.integer_names = list(self.quantizers)

@@ -24,6 +24,7 @@ from onnx import TensorProto, numpy_helper
 
 from qdq.graph.ops import QDQ_DOMAINS, QUANTIZE
 from qdq.quant.dtypes import quant_type, type_name
+from qdq.support import progress
 from qdq.support.errors import QdqError
 
 log = logging.getLogger("qdq")
@@ -188,9 +189,10 @@ class RandomInputs:
     """
 
     def __init__(self, model_path: Path, shapes: dict[str, tuple[int, ...]] | None = None,
-                 range_from: Path | None = None):
+                 range_from: Path | None = None, graph: onnx.GraphProto | None = None):
+        """`graph`: the model's graph when the caller has read it already (reading a 100k-node file costs a second)."""
         self.model_path = Path(model_path)
-        self.graph = _load_graph(self.model_path)
+        self.graph = graph if graph is not None else _load_graph(self.model_path)
         self.inputs = _graph_inputs(self.graph)
         self.shapes = dict(shapes or {})
         _check_shapes(self.inputs, self.shapes, self.model_path)
@@ -676,15 +678,16 @@ class Quantizers:
         self.folder = str(folder)
         self._constants: dict[str, tuple[np.ndarray, int] | None] = {}
         self.initializers = {t.name: t for t in graph.initializer}
-        self.producers = {out: node for node in graph.node for out in node.output if out}
+        # Each walk over a 100k-node graph takes a second: the progress line ticks along them.
+        self.producers = {out: node for node in progress.each(graph.node, None) for out in node.output if out}
         self.readers: dict[str, list[onnx.NodeProto]] = {}
-        for node in graph.node:
+        for node in progress.each(graph.node, None):
             if node.op_type == QUANTIZE and node.domain in QDQ_DOMAINS and len(node.input) >= 2:
                 self.readers.setdefault(node.input[0], []).append(node)
         # The readers of each QuantizeLinear's integers (`_integer_bounds` asks for nothing else).
         integers = {name for node in graph.node if node.op_type == QUANTIZE for name in node.output[:1]}
         self.consumers: dict[str, list[onnx.NodeProto]] = {}
-        for node in graph.node:
+        for node in progress.each(graph.node, None):
             for name in set(node.input) & integers:
                 self.consumers.setdefault(name, []).append(node)
 
