@@ -56,7 +56,7 @@ def _range(q: onnx.NodeProto, values: dict[str, np.ndarray], types: dict[str, in
 
 
 # From docs/verification.md: what makes a Q's input one-sided already.
-BOUNDING = {"Clip", "Relu", "Sigmoid", "HardSigmoid", "Softmax", "Abs", "Exp"}
+BOUNDING = {"Clip", "Relu", "Sigmoid", "HardSigmoid", "Softmax", "Abs"}
 MOVING_OR_AVERAGING = {"MaxPool", "GlobalMaxPool", "AveragePool", "GlobalAveragePool", "Reshape", "Flatten",
                        "Transpose", "Squeeze", "Unsqueeze", "Slice", "Identity", "Gather", "Expand", "Tile",
                        "Split", "Concat"}
