@@ -104,7 +104,7 @@ def test_the_session_child_reports_whether_onnxruntime_loads_the_file(tmp_path):
 
 @pytest.mark.parametrize("target", ["npu", "trt"])
 def test_a_large_fix_is_verified_beside_onnxruntimes_load_with_the_same_outcome(target, monkeypatch, tmp_path):
-    """Above MIN_NODES onnxruntime loads the written file in a child while the verdict runs here: the same
+    """Above SESSION_MIN_NODES onnxruntime loads the written file in a child while the verdict runs here: the same
     file, report and exit code as in process (npu's verdict refuses this fix, trt's passes it)."""
     from cli_run import qdq
 
@@ -120,7 +120,7 @@ def test_a_large_fix_is_verified_beside_onnxruntimes_load_with_the_same_outcome(
     monkeypatch.setattr(checker_process, "SessionProcess", lambda p, real=checker_process.SessionProcess:
                         started.append(p) or real(p))
     in_process = fixed("in_process")
-    monkeypatch.setattr(checker_process, "MIN_NODES", 0)
+    monkeypatch.setattr(checker_process, "SESSION_MIN_NODES", 0)
     beside = fixed("beside")
     assert len(started) == 1
     assert beside == in_process

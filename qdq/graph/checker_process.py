@@ -22,6 +22,9 @@ from qdq.support import progress
 
 # Below this many nodes the checker costs less than the child's interpreter start (about 0.3 s).
 MIN_NODES = 30_000
+# Below this many nodes onnxruntime builds and frees the written file's session in seconds, less than a
+# child's start with onnxruntime's import (about a second).
+SESSION_MIN_NODES = 30_000
 _CHECK = "import sys, onnx.checker; onnx.checker.check_model(sys.argv[1], full_check=sys.argv[2] == 'full')"
 
 
@@ -81,7 +84,7 @@ class SessionProcess:
 def start_session(path: Path, nodes: int) -> SessionProcess | None:
     """A child building onnxruntime's session of `path` when the model is large and a second core can run
     it; else None (the caller builds the session itself)."""
-    if not _child_pays(nodes):
+    if not _child_pays(nodes, SESSION_MIN_NODES):
         return None
     try:
         return SessionProcess(path)
@@ -91,7 +94,7 @@ def start_session(path: Path, nodes: int) -> SessionProcess | None:
 
 def start_checker(path: Path, nodes: int, full_check: bool = False) -> CheckerProcess | None:
     """A child checking `path` when the model is large and a second core can run it; else None."""
-    if not _child_pays(nodes):
+    if not _child_pays(nodes, MIN_NODES):
         return None
     try:
         return CheckerProcess(path, full_check)
@@ -99,10 +102,10 @@ def start_checker(path: Path, nodes: int, full_check: bool = False) -> CheckerPr
         return None
 
 
-def _child_pays(nodes: int) -> bool:
+def _child_pays(nodes: int, threshold: int) -> bool:
     """Whether a model is large enough for a child process to pay, and a second core can run it. A frozen
     application's executable is not an interpreter that takes -c."""
-    return nodes >= MIN_NODES and usable_cores() >= 2 and not getattr(sys, "frozen", False)
+    return nodes >= threshold and usable_cores() >= 2 and not getattr(sys, "frozen", False)
 
 
 def usable_cores() -> int:
