@@ -28,18 +28,14 @@ SESSION_MIN_NODES = 30_000
 _CHECK = "import sys, onnx.checker; onnx.checker.check_model(sys.argv[1], full_check=sys.argv[2] == 'full')"
 
 
-class CheckerProcess:
-    """`onnx.checker.check_model(path, full_check)` running in a child process."""
+class _Child:
+    """A child process with no streams of its own, ended if it still runs when the caller stops waiting."""
 
-    def __init__(self, path: Path, full_check: bool = False):
-        self._child = subprocess.Popen([sys.executable, "-c", _CHECK, str(path), "full" if full_check else "plain"],
-                                       stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    def __init__(self, argv: list[str]):
+        self._child = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                                       stderr=subprocess.DEVNULL)
 
-    def accepted(self) -> bool:
-        """True when the checker accepted the file; False when it refused it or the child failed in any way."""
-        return self._child.wait() == 0
-
-    def __enter__(self) -> CheckerProcess:
+    def __enter__(self):
         return self
 
     def __exit__(self, *exc) -> None:
@@ -49,7 +45,18 @@ class CheckerProcess:
             self._child.wait()
 
 
-class SessionProcess:
+class CheckerProcess(_Child):
+    """`onnx.checker.check_model(path, full_check)` running in a child process."""
+
+    def __init__(self, path: Path, full_check: bool = False):
+        super().__init__([sys.executable, "-c", _CHECK, str(path), "full" if full_check else "plain"])
+
+    def accepted(self) -> bool:
+        """True when the checker accepted the file; False when it refused it or the child failed in any way."""
+        return self._child.wait() == 0
+
+
+class SessionProcess(_Child):
     """onnxruntime building a session of a written file in a child process, as qdq builds every session
     (`qdq.support.ort_options`, run as a script: the child does not load qdq).
 
@@ -61,9 +68,8 @@ class SessionProcess:
 
     def __init__(self, path: Path):
         script = find_spec("qdq.support.ort_options").origin  # found without importing onnxruntime here
-        self._child = subprocess.Popen(
-            [sys.executable, "-c", "import runpy, sys; runpy.run_path(sys.argv.pop(1), run_name='__main__')",
-             script, str(path)], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        run_script = "import runpy, sys; runpy.run_path(sys.argv.pop(1), run_name='__main__')"
+        super().__init__([sys.executable, "-c", run_script, script, str(path)])
 
     def accepted(self, doing: str) -> bool:
         """Wait, with `doing` on the progress line; True when onnxruntime built the session."""
@@ -71,14 +77,6 @@ class SessionProcess:
             progress.step(doing)
             time.sleep(0.25)
         return self._child.returncode == 0
-
-    def __enter__(self) -> SessionProcess:
-        return self
-
-    def __exit__(self, *exc) -> None:
-        if self._child.poll() is None:
-            self._child.kill()
-            self._child.wait()
 
 
 def start_session(path: Path, nodes: int) -> SessionProcess | None:
