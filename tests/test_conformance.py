@@ -202,18 +202,20 @@ def assert_same_numbers(reported: list[dict], independent: list[dict]) -> None:
                 np.testing.assert_allclose(a, b, **NUMBER_TOLERANCE, err_msg=f"{mine['name']} {key}")
 
 
-@functools.lru_cache(maxsize=16)
-def _outputs(path: Path, sample: bytes, optimized: bool) -> dict[str, np.ndarray]:
+@functools.lru_cache(maxsize=24)
+def _outputs(path: Path, sample: bytes, optimized: bool, twin: bool) -> dict[str, np.ndarray]:
     feeds = dict(np.load(io.BytesIO(sample)).items())
-    return independent_twin.run(path, feeds, optimized)
+    model = independent_twin.float_twin(onnx.load(str(path))) if twin else path
+    return independent_twin.run(model, feeds, optimized)
 
 
-def outputs(path: Path, feeds: dict[str, np.ndarray], optimized: bool) -> dict[str, np.ndarray]:
-    """Every output of `path` on `feeds` in onnxruntime, run once per test for all the checks that need it
-    (the input model's once for all three targets)."""
+def outputs(path: Path, feeds: dict[str, np.ndarray], optimized: bool = False,
+            twin: bool = False) -> dict[str, np.ndarray]:
+    """Every output of `path` (`twin`: of its independent float twin) on `feeds` in onnxruntime, run once for
+    all the checks that need it (the input model's and its twin's once for all three targets)."""
     buffer = io.BytesIO()
     np.savez(buffer, **feeds)
-    return _outputs(path, buffer.getvalue(), optimized)
+    return _outputs(path, buffer.getvalue(), optimized, twin)
 
 
 def independent_numbers(reference: Path, candidate: Path, feeds: dict[str, np.ndarray],
@@ -244,12 +246,6 @@ def assert_verdict_reproduced(path: Path, out: Path, target: str, inputs: list, 
     assert_same_numbers(verification["outputs"], again.json()["outputs"])
 
 
-@functools.lru_cache(maxsize=8)
-def _twin_outputs(path: Path, sample: bytes) -> dict[str, np.ndarray]:
-    feeds = dict(np.load(io.BytesIO(sample)).items())
-    return independent_twin.run(independent_twin.float_twin(onnx.load(str(path))), feeds)
-
-
 def computes_in_float16(path: Path) -> bool:
     model = onnx.load(str(path), load_external_data=False)
     return any(t.data_type == onnx.TensorProto.FLOAT16 for t in model.graph.initializer) or any(
@@ -261,9 +257,7 @@ def assert_twin_distances(path: Path, out: Path, feeds: dict[str, np.ndarray] | 
     rows = [row for row in verification["outputs"] if row.get("input_to_twin") is not None]
     if feeds is None or not rows or any(not row["evidence"] for row in verification["outputs"]):
         return
-    buffer = io.BytesIO()
-    np.savez(buffer, **feeds)
-    twin = _twin_outputs(path, buffer.getvalue())  # the same for the three targets of a model
+    twin = outputs(path, feeds, twin=True)
     optimized = verification["runtime"] == "onnxruntime, default optimisations"
     given, fixed = outputs(path, feeds, optimized), outputs(out, feeds, optimized)
     tolerance = DISTANCE_TOLERANCE[computes_in_float16(path)]
