@@ -104,8 +104,9 @@ def test_the_session_child_reports_whether_onnxruntime_loads_the_file(tmp_path):
 
 @pytest.mark.parametrize("target", ["npu", "trt"])
 def test_a_large_fix_is_verified_beside_onnxruntimes_load_with_the_same_outcome(target, monkeypatch, tmp_path):
-    """Above SESSION_MIN_NODES onnxruntime loads the written file in a child while the verdict runs here: the same
-    file, report and exit code as in process (npu's verdict refuses this fix, trt's passes it)."""
+    """Above SESSION_MIN_NODES onnxruntime loads the written file in a child while the verdict runs here, and the
+    verdict's shape inference runs in another: the same file, report and exit code as in process (npu's verdict
+    refuses this fix, trt's passes it)."""
     from cli_run import qdq
 
     def fixed(where: str):
@@ -116,12 +117,48 @@ def test_a_large_fix_is_verified_beside_onnxruntimes_load_with_the_same_outcome(
         written = (out / "fixed.onnx").read_bytes() if (out / "fixed.onnx").exists() else None
         return run.code, run.out.replace(str(out), "OUT"), written
 
-    started = []
+    started, typed = [], []
     monkeypatch.setattr(checker_process, "SessionProcess", lambda p, real=checker_process.SessionProcess:
                         started.append(p) or real(p))
+    monkeypatch.setattr(checker_process, "TypesProcess", lambda m, real=checker_process.TypesProcess:
+                        typed.append(m) or real(m))
     in_process = fixed("in_process")
     monkeypatch.setattr(checker_process, "SESSION_MIN_NODES", 0)
+    monkeypatch.setattr(checker_process, "MIN_NODES", 0)  # the checks and the verdict's shape inference too
     beside = fixed("beside")
-    assert len(started) == 1
+    assert len(started) == 1 and len(typed) == 1
     assert beside == in_process
 
+
+
+@pytest.mark.parametrize("case", ["plain", "quark's order"])
+def test_the_types_child_infers_the_element_types_inference_gives_in_process(case, monkeypatch):
+    """On a large model onnx's shape inference runs in a child (it holds the interpreter lock for seconds):
+    the same element types as in process."""
+    import onnx
+
+    from qdq.verification.pieces import element_types, start_element_types
+
+    model = onnx.load(CORPUS / CASES[case])
+    with start_element_types(model) as typing:
+        assert typing is None  # corpus files are far below MIN_NODES
+        in_process = element_types(model, typing)
+    monkeypatch.setattr(checker_process, "MIN_NODES", 0)
+    with start_element_types(model) as typing:
+        assert isinstance(typing, checker_process.TypesProcess)
+        beside = element_types(model, typing)
+    assert len(in_process) > len(model.graph.input) and beside == in_process
+
+
+def test_a_types_child_that_fails_leaves_the_inference_to_this_process(monkeypatch):
+    import onnx
+
+    from qdq.verification.pieces import element_types, start_element_types
+
+    model = onnx.load(CORPUS / CASES["plain"])
+    expected = element_types(model)
+    monkeypatch.setattr(checker_process, "MIN_NODES", 0)
+    monkeypatch.setattr(checker_process.sys, "executable", "/bin/false")  # starts, and exits 1
+    with start_element_types(model) as typing:
+        assert typing.element_types("reading") is None
+        assert element_types(model, typing) == expected

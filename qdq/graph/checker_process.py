@@ -1,5 +1,7 @@
 """The ONNX checker on a large model's file in a second process, while this one builds the graph
-(or, for a file `qdq fix` writes, judges it); and onnxruntime's load of a large written file.
+(or, for a file `qdq fix` writes, judges it); onnxruntime's load of a large written file; and onnx's
+shape inference of a large model, which holds the interpreter lock for seconds (17 s on 100k nodes
+under load), so that a thread cannot keep the progress line moving meanwhile.
 
 On 100k nodes the checker takes about 0.7 s and holds the interpreter lock, so a thread would
 not overlap it with the import; a child process on a second core does. The child only says
@@ -11,13 +13,18 @@ costs more than their check.
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
+import tempfile
 import time
 from importlib.util import find_spec
 from pathlib import Path
 
+import onnx
+
+from qdq.graph.normalize import without_weight_data
 from qdq.support import progress
 
 # Below this many nodes the checker costs less than the child's interpreter start (about 0.3 s).
@@ -26,6 +33,8 @@ MIN_NODES = 30_000
 # child's start with onnxruntime's import (about a second).
 SESSION_MIN_NODES = 30_000
 _CHECK = "import sys, onnx.checker; onnx.checker.check_model(sys.argv[1], full_check=sys.argv[2] == 'full')"
+_RUN_SCRIPT = "import runpy, sys; runpy.run_path(sys.argv.pop(1), run_name='__main__')"  # a module of qdq, without qdq
+
 
 
 class _Child:
@@ -68,8 +77,7 @@ class SessionProcess(_Child):
 
     def __init__(self, path: Path):
         script = find_spec("qdq.support.ort_options").origin  # found without importing onnxruntime here
-        run_script = "import runpy, sys; runpy.run_path(sys.argv.pop(1), run_name='__main__')"
-        super().__init__([sys.executable, "-c", run_script, script, str(path)])
+        super().__init__([sys.executable, "-c", _RUN_SCRIPT, script, str(path)])
 
     def accepted(self, doing: str) -> bool:
         """Wait, with `doing` on the progress line; True when onnxruntime built the session."""
@@ -77,6 +85,45 @@ class SessionProcess(_Child):
             progress.step(doing)
             time.sleep(0.25)
         return self._child.returncode == 0
+
+
+class TypesProcess(_Child):
+    """onnx's shape inference of a model in a child process (`qdq.graph.element_types` run as a script),
+    which writes each typed tensor's element type to a JSON file; both files live in a folder of its own."""
+
+    def __init__(self, model: onnx.ModelProto):
+        self._folder = tempfile.TemporaryDirectory(prefix="qdq-types-")
+        path, self._types = Path(self._folder.name) / "model.onnx", Path(self._folder.name) / "types.json"
+        path.write_bytes(model.SerializeToString())
+        script = find_spec("qdq.graph.element_types").origin
+        try:
+            super().__init__([sys.executable, "-c", _RUN_SCRIPT, script, str(path), str(self._types)])
+        except OSError:
+            self._folder.cleanup()
+            raise
+
+    def element_types(self, doing: str) -> dict[str, int] | None:
+        """Wait, with `doing` on the progress line; None when the inference failed."""
+        while self._child.poll() is None:
+            progress.step(doing)
+            time.sleep(0.25)
+        return json.loads(self._types.read_text()) if self._child.returncode == 0 else None
+
+    def __exit__(self, *exc) -> None:
+        super().__exit__(*exc)
+        self._folder.cleanup()
+
+
+def start_types(model: onnx.ModelProto) -> TypesProcess | None:
+    """A child inferring the element types of `model`'s tensors (from a copy without the weights' data) when
+    the model is large and a second core can run it; else None (the caller infers them itself, as it does
+    again when the child failed, where a failure has its message)."""
+    if not _child_pays(len(model.graph.node), MIN_NODES):
+        return None
+    try:
+        return TypesProcess(without_weight_data(model))
+    except OSError:
+        return None
 
 
 def start_session(path: Path, nodes: int) -> SessionProcess | None:

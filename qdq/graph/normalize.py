@@ -36,6 +36,19 @@ def normalize(proto: onnx.ModelProto, checked: bool = False) -> list[str]:
     return notes
 
 
+def without_weight_data(proto: onnx.ModelProto) -> onnx.ModelProto:
+    """A copy of `proto` for shape inference: weights keep their dims but not their data, small tensors
+    (a Reshape's shape) their values. Inference reads no more, and the copy of a model with GBs of weights is small."""
+    light = onnx.ModelProto()
+    light.CopyFrom(proto)
+    for tensor in light.graph.initializer:
+        if tensor.data_location == onnx.TensorProto.EXTERNAL or len(tensor.raw_data) > _LARGE_BYTES:
+            tensor.ClearField("raw_data")
+            del tensor.external_data[:]
+            tensor.data_location = onnx.TensorProto.DEFAULT
+    return light
+
+
 def _sort_nodes(graph: onnx.GraphProto) -> bool:
     """Order the nodes topologically, keeping file order among ready nodes; False if already sorted.
 
@@ -133,16 +146,8 @@ def _shape_graph_outputs(proto: onnx.ModelProto) -> list[str]:
 
 def inferred_types(proto: onnx.ModelProto) -> dict[str, onnx.TypeProto]:
     """Every value's type as onnx's (non-strict) shape inference sees it, without the weights' data."""
-    light = onnx.ModelProto()
-    light.CopyFrom(proto)
-    for tensor in light.graph.initializer:
-        # Weights need dims only; small integer tensors (a Reshape's shape) need their values.
-        if tensor.data_location == onnx.TensorProto.EXTERNAL or len(tensor.raw_data) > _LARGE_BYTES:
-            tensor.ClearField("raw_data")
-            del tensor.external_data[:]
-            tensor.data_location = onnx.TensorProto.DEFAULT
     try:
-        inferred = onnx.shape_inference.infer_shapes(light, strict_mode=False)
+        inferred = onnx.shape_inference.infer_shapes(without_weight_data(proto), strict_mode=False)
     except Exception:  # inference is a help here, not a gate
         return {}
     values = list(inferred.graph.value_info) + list(inferred.graph.output)

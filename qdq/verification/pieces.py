@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import heapq
 import logging
+from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -23,6 +24,9 @@ import numpy as np
 import onnx
 from onnx import helper
 
+from qdq.graph.checker_process import TypesProcess, start_types
+from qdq.graph.element_types import inferred_element_types
+from qdq.graph.normalize import without_weight_data
 from qdq.support import progress
 from qdq.verification.verify import RunFailed, run_all
 
@@ -269,18 +273,27 @@ def small_weights(model: onnx.ModelProto) -> bool:
     return sum(map(_bytes, weights)) <= _KEEP_SESSIONS_BYTES
 
 
-def element_types(model: onnx.ModelProto) -> dict[str, int]:
-    """The element type of each tensor onnx's shape inference can tell (none where it fails on the model)."""
-    from qdq.support.runtime import background
+def start_element_types(model: onnx.ModelProto):
+    """A context holding the shape inference of a large model, started in a child process
+    (`qdq.graph.checker_process`: on 100k nodes it holds the interpreter lock for seconds), so that it runs
+    while this process does other work; None inside for a small model. Give it to `element_types`."""
+    return start_types(model) or nullcontext()
 
+
+def element_types(model: onnx.ModelProto, started=None) -> dict[str, int]:
+    """The element type of each tensor onnx's shape inference can tell (none where it fails on the model);
+    `started` the context `start_element_types` gave for it."""
+    doing = "reading the model's tensor types"
+    if isinstance(started, TypesProcess):
+        types = started.element_types(doing)
+        if types is not None:
+            return types
+    progress.step(doing)
     try:
-        inferred = background(lambda: onnx.shape_inference.infer_shapes(model), "reading the model's tensor types")
+        return inferred_element_types(without_weight_data(model))
     except Exception as exc:  # custom ops, models past 2 GB: slices are then typed by the values in hand
         log.debug("shape inference failed (%s); pieces are typed as they run", str(exc).splitlines()[0][:200])
         return {}
-    graph = inferred.graph
-    return {v.name: v.type.tensor_type.elem_type for v in [*graph.value_info, *graph.input, *graph.output]
-            if v.type.HasField("tensor_type") and v.type.tensor_type.elem_type}
 
 
 def joined(runs: list[dict[str, np.ndarray]], names: list[str]) -> dict[str, np.ndarray]:

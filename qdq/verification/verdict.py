@@ -41,7 +41,8 @@ from qdq.support import progress
 from qdq.support.errors import QdqError, RuleSetError
 from qdq.verification.change import changed_region, whole
 from qdq.verification.meant_inputs import meant_inputs, watch
-from qdq.verification.pieces import PieceFailed, Pieces, element_types, joined, small_weights, uncuttable
+from qdq.verification.pieces import (PieceFailed, Pieces, element_types, joined, small_weights, start_element_types,
+                                     uncuttable)
 from qdq.verification.twin import Twin, float_twin
 from qdq.verification.verify import (
     CandidateFailed, OutputComparison, Quantizers, RandomInputs, UnfeedableInput, VerifyResult, as_array, cannot_load,
@@ -140,20 +141,22 @@ def judge(
     built = opened.pop() if opened else None
     if built is not None and (optimized or exact or not small_weights(fixed)):
         built = None
-    twin = float_twin(proto, ruleset.params_of("QDQ006"), reference.parent) \
-        if not exact else Twin(None, 0, "the change claims to be exact")
-    if twin.model is not None and samples is None:
-        watch(twin)  # the twin also outputs what its quantizers read: random inputs are chosen on it
+    with start_element_types(proto) as typing:  # on a large model, in a child while the twin is built
+        twin = float_twin(proto, ruleset.params_of("QDQ006"), reference.parent) \
+            if not exact else Twin(None, 0, "the change claims to be exact")
+        if twin.model is not None and samples is None:
+            watch(twin)  # the twin also outputs what its quantizers read: random inputs are chosen on it
+        deep = _deepest(proto, fixed, twin) if twin.model is not None and not optimized else []
+        types = element_types(proto, typing)  # the twin's and the region's tensors are the input's, where they have its names
     observe = (criterion, samples, inputs_label, seed, shapes, proto.graph)
-    deep = _deepest(proto, fixed, twin) if twin.model is not None and not optimized else []
     runtime = "onnxruntime, default optimisations" if optimized else "onnxruntime, optimisations off"
     try:
-        runs = _Runs(reference, proto, candidate, fixed, twin, optimized, exact, deep, built)
+        runs = _Runs(reference, proto, candidate, fixed, twin, optimized, exact, deep, types, built)
         del built  # held by the fixed model's pieces when they run in it, otherwise freed now
         samples, inputs_label, (ref_out, cand_out, twin_out) = _observe(runs, *observe)
     except _OptimizedRefused as refused:  # the input itself does not run as users run it: judge what the file says
         runtime = f"onnxruntime, optimisations off (the input model fails with its default optimisations: {refused})"
-        runs = _Runs(reference, proto, candidate, fixed, twin, False, exact, deep)
+        runs = _Runs(reference, proto, candidate, fixed, twin, False, exact, deep, types)
         samples, inputs_label, (ref_out, cand_out, twin_out) = _observe(runs, *observe)
     runs.close()
     result = VerifyResult(
@@ -242,13 +245,12 @@ class _Runs:
     model's changed region (`qdq.verification.change`) fed with the input's values at its boundary, and the float twin."""
 
     def __init__(self, reference: Path, proto: onnx.ModelProto, candidate: Path, fixed: onnx.ModelProto,
-                 twin: Twin, optimized: bool, exact: bool, deep: list[str], built=None):
+                 twin: Twin, optimized: bool, exact: bool, deep: list[str], types: dict[str, int], built=None):
         self.reference, self.candidate, self.twin, self.optimized = reference, candidate, twin, optimized
         self.deep = deep
         self.output_names = [o.name for o in proto.graph.output if o.name not in deep]
         check_same_outputs(reference, candidate, self.output_names,
                            [o.name for o in fixed.graph.output if o.name not in deep])
-        types = element_types(proto)  # the twin's and the region's tensors are the input's, where they have its names
         progress.step("finding what the fix changed")
         cut = not optimized and not uncuttable(proto, types) and not uncuttable(fixed)
         self.region = changed_region(proto, reference.parent, fixed, candidate.parent) if cut else whole(fixed)
