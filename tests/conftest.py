@@ -63,20 +63,25 @@ def apply_fix(model: Model, code: str, target: str | RuleSet = "common") -> list
     return fix(model, ruleset.narrowed(select=[code]), max_rounds=1).changes
 
 
+def ort_session(path: Path, optimized: bool = False) -> ort.InferenceSession:
+    """onnxruntime's session of a file: with graph optimisations off, so what runs is exactly what the file
+    says, or with every one on, as users run it (fused integer kernels). Build it once for many runs."""
+    options = ort.SessionOptions()
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL if optimized else \
+        ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    if optimized:
+        options.log_severity_level = 3
+    return ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+
+
 def run_ort(path: Path, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
     """Run with graph optimisations off, so what runs is exactly what the file says."""
-    options = ort.SessionOptions()
-    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
-    session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
-    return session.run(None, feeds)
+    return ort_session(path).run(None, feeds)
 
 
 def run_optimized(path: Path, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
     """Run as users do, with every graph optimisation on (fused integer kernels)."""
-    options = ort.SessionOptions()
-    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-    options.log_severity_level = 3
-    return ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"]).run(None, feeds)
+    return ort_session(path, optimized=True).run(None, feeds)
 
 
 def saturation_not_shown() -> str | None:

@@ -16,7 +16,7 @@ import numpy as np
 import onnx
 import pytest
 from builders import GraphBuilder
-from conftest import run_optimized, run_ort, saturation_not_shown
+from conftest import ort_session, run_ort, saturation_not_shown
 from optional import torch_or_skip
 
 from qdq.engine.fix import fix
@@ -92,13 +92,14 @@ def test_zero_points_keep_outputs_bit_identical_inside_the_old_grids(name, tmp_p
     probe.graph.output.extend(onnx.ValueInfoProto(name=t) for t in watched)
     onnx.save(probe, str(tmp_path / "probe.onnx"))
     input_name = probe.graph.input[0].name
+    probed, exact_run, moved_run = (ort_session(tmp_path / f) for f in ("probe.onnx", "exact.onnx", "moved.onnx"))
     compared = 0
     for row in samples(MOVED[name]):
         feeds = {input_name: row[None]}
-        values = run_ort(tmp_path / "probe.onnx", feeds)[-len(watched):]
+        values = probed.run(None, feeds)[-len(watched):]
         if any(np.max(v) > old_max for v, old_max in zip(values, watched.values())):
             continue  # the old grid saturated here; the new one represents it
-        before, after = run_ort(tmp_path / "exact.onnx", feeds), run_ort(tmp_path / "moved.onnx", feeds)
+        before, after = exact_run.run(None, feeds), moved_run.run(None, feeds)
         assert all(np.array_equal(a, b) for a, b in zip(before, after))
         compared += 1
     assert compared >= 4
@@ -127,8 +128,9 @@ def test_no_pair_can_saturate_after_the_fix(source, arch, tmp_path):
     # On this CPU the fused kernels saturate: the fused model drifts from the unfused one without QDQ508, not with it.
     gap = {}
     for name in ("unchecked.onnx", "fixed.onnx"):
-        unfused = np.concatenate([run_ort(tmp_path / name, {"input": row[None]})[0] for row in x])
-        fused = np.concatenate([run_optimized(tmp_path / name, {"input": row[None]})[0] for row in x])
+        plain, optimized = ort_session(tmp_path / name), ort_session(tmp_path / name, optimized=True)
+        unfused = np.concatenate([plain.run(None, {"input": row[None]})[0] for row in x])
+        fused = np.concatenate([optimized.run(None, {"input": row[None]})[0] for row in x])
         gap[name] = sqnr(unfused, fused)
     assert gap["fixed.onnx"] > 30 and gap["fixed.onnx"] > gap["unchecked.onnx"] + 10, gap
 
@@ -147,10 +149,10 @@ def test_zero_points_an_integer_clip_reads_stay(tmp_path):
     fix(moved, ORT.narrowed(select=["QDQ505", "QDQ805", "QDQ507"]))  # QDQ805's Sigmoid Qs bound more SiLUs
     save_model(exact, tmp_path / "exact.onnx")
     save_model(moved, tmp_path / "moved.onnx")
+    exact_run, moved_run = ort_session(tmp_path / "exact.onnx"), ort_session(tmp_path / "moved.onnx")
     for row in samples("yolo")[:4]:
         feeds = {"input": row[None]}
-        assert all(np.array_equal(a, b) for a, b in zip(run_ort(tmp_path / "exact.onnx", feeds),
-                                                        run_ort(tmp_path / "moved.onnx", feeds)))
+        assert all(np.array_equal(a, b) for a, b in zip(exact_run.run(None, feeds), moved_run.run(None, feeds)))
     pt2e = load_model(CORPUS / "torch/yolo_pt2e_xnnpack_unfolded.onnx")
     result = fix(pt2e, ORT.narrowed(select=["QDQ505", "QDQ805", "QDQ507"]))
     moved_tensors = {c.tensor for c in result.changes if c.code == "QDQ507"}
