@@ -54,7 +54,7 @@ def test_ctrl_c_answers_within_a_second_while_native_work_runs():
               "try:\n"
               "    runtime.background(lambda: time.sleep(60), 'building')\n"
               "except KeyboardInterrupt:\n"
-              "    print('interrupted', flush=True)\n"
+              "    print('interrupted', time.monotonic(), flush=True)\n"
               "    sys.exit(130)\n")
     child = subprocess.Popen([sys.executable, "-c", script], cwd=ROOT, stdout=subprocess.PIPE, text=True)
     assert child.stdout.readline().strip() == "waiting"
@@ -62,5 +62,8 @@ def test_ctrl_c_answers_within_a_second_while_native_work_runs():
     sent = time.monotonic()
     child.send_signal(signal.SIGINT)
     code = child.wait(timeout=10)
-    assert code == 130 and child.stdout.read().strip() == "interrupted"
-    assert time.monotonic() - sent < 1.0  # the sleeping thread is not waited for
+    said, answered = child.stdout.read().split()
+    assert code == 130 and said == "interrupted"
+    # The answer, on the clock both processes share (not the interpreter's exit after it, which a busy
+    # machine slows): the sleeping thread is not waited for.
+    assert float(answered) - sent < 1.0
