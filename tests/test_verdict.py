@@ -116,10 +116,28 @@ def dead(path: Path, shift: float) -> Path:
 
 
 def test_an_output_that_tells_nothing_is_no_evidence(tmp_path):
-    """Identical candidate or not, no pass."""
-    run_ = qdq("verify", dead(tmp_path / "a.onnx", -100.0), dead(tmp_path / "b.onnx", -101.0), "--target", "trt")
+    """Identical candidate or not, no pass; and no distance is shown as if it judged anything: the row
+    says why it tells nothing, the JSON keeps the distances from the twin apart, under `unjudged`."""
+    reference, candidate = dead(tmp_path / "a.onnx", -100.0), dead(tmp_path / "b.onnx", -101.0)
+    run_ = qdq("verify", reference, candidate, "--target", "trt")
     assert run_.code == 1, run_.out
-    assert "no evidence" in run_.out and run_.out.splitlines()[-1].startswith("INCONCLUSIVE: y carries no information")
+    (row,) = [line for line in run_.out.splitlines() if line.startswith("y ")]
+    assert row.split()[2:9] == ["-"] * 7 and row.endswith("no evidence: the input model writes 0 everywhere"), row
+    assert run_.out.splitlines()[-1].startswith("INCONCLUSIVE: y carries no information on these inputs (the input "
+                                                "model writes 0 everywhere)"), run_.out
+    (o,) = qdq("verify", reference, candidate, "--target", "trt", "--format", "json").json()["outputs"]
+    assert (o["input_to_twin"], o["candidate_to_twin"], o["allowed"]) == (None, None, None), o
+    assert o["unjudged"] == {"input_to_twin": 0.0, "candidate_to_twin": 0.0} and not o["evidence"]
+    assert o["no_evidence"] == "the input model writes 0 everywhere"
+
+
+def test_fix_says_a_verdict_without_evidence_is_not_a_move_past_tolerance(tmp_path):
+    """The fix report is verify's, and its last line does not claim the outputs moved."""
+    run_ = qdq("fix", dead(tmp_path / "a.onnx", -100.0), "--target", "npu", "-o", tmp_path / "out.onnx")
+    assert run_.code == 1 and not (tmp_path / "out.onnx").exists()
+    assert "no evidence: the input model writes 0 everywhere" in run_.out, run_.out
+    assert run_.out.rstrip().endswith("not written: no evidence on these inputs to judge the outputs by, give --inputs "
+                                      "(use --keep-failed to write it anyway)"), run_.out
 
 
 def test_inputs_on_which_the_twin_tells_nothing_are_not_run_through_the_other_models(tmp_path, monkeypatch):

@@ -250,16 +250,19 @@ def _verdict(
     if skipped is not None:
         parts.append("outputs not verified")
     elif verification is not None:
-        parts.append("outputs within tolerance" if numbers_ok else _failed(written, args))
+        parts.append("outputs within tolerance" if numbers_ok else _failed(written, args, verification.inconclusive))
     return "; ".join(parts)
 
 
-def _failed(written: bool, args: argparse.Namespace) -> str:
-    """What became of a fixed model whose outputs moved past tolerance."""
+def _failed(written: bool, args: argparse.Namespace, inconclusive: bool) -> str:
+    """What became of a fixed model whose verdict failed: its outputs moved past tolerance, or (`inconclusive`)
+    some carry no information on the inputs used, so nothing says whether they did."""
+    why = "no evidence on these inputs to judge the outputs by, give --inputs" if inconclusive else \
+        "outputs moved past tolerance"
     if args.in_place:
-        return "outputs moved past tolerance; the input was left unchanged"
+        return f"{why}; the input was left unchanged"
     if written:
-        return "outputs moved past tolerance; written although verification failed"
+        return f"{why}; written although verification failed"
     if args.output is not None:
-        return "not written: outputs moved past tolerance (use --keep-failed to write it anyway)"
-    return "outputs moved past tolerance"
+        return f"not written: {why} (use --keep-failed to write it anyway)"
+    return why

@@ -171,7 +171,7 @@ def judge(
         check_same_shape(name, a, b, reference, candidate)
         row = compare_arrays(name, a, b, criterion.atol, criterion.rtol, criterion.min_sqnr)
         basis = twin_out[name] if twin_out is not None else a
-        row.evidence = _evidence(name, ref_out, twin_out, len(samples))
+        row.no_evidence = _no_evidence(name, ref_out, twin_out, len(samples))
         if exact:
             held, row.verdict_failure = row.identical, "not bit-identical"
         elif twin_out is not None:
@@ -369,21 +369,32 @@ def _grid(q: onnx.NodeProto, quantizers: Quantizers) -> tuple[np.ndarray, np.nda
     return None if scale is None or zero is None else (np.asarray(scale[0]), np.asarray(zero[0]))
 
 
-def informative(values: np.ndarray) -> bool:
-    """Whether an output tells anything: finite, and not one value everywhere (all zero, saturated)."""
+def _uninformative(values: np.ndarray, samples: int) -> str:
+    """Why these values tell nothing (not finite, one value everywhere: all zero, saturated; the same for
+    every sample), or "" when they tell something."""
     if values.size == 0 or values.dtype.kind not in "biuf":
-        return False
+        return "no numbers"
     flat = values.astype(np.float64, copy=False).ravel()
-    return bool(np.all(np.isfinite(flat))) and bool(np.ptp(flat) > 0)
+    if not np.all(np.isfinite(flat)):
+        return "NaN or inf"
+    if np.ptp(flat) == 0:
+        return f"{flat[0]:g} everywhere"
+    return "" if _varies(values, samples) else "the same values for every sample"
+
+
+def _no_evidence(name: str, ref_out: dict, twin_out: dict | None, samples: int) -> str:
+    """Why an output is no evidence ("" when it is): the input model's values and the twin's must both tell
+    something. A detector whose quantized map is all zero on noise says nothing about a change, even where the
+    twin's map is not; integer inputs that random draws leave at zero feed every sample alike."""
+    for who, values in (("the input model", ref_out[name]), ("the float twin", twin_out[name] if twin_out else None)):
+        why = _uninformative(values, samples) if values is not None else ""
+        if why:
+            return f"{who} writes {why}"
+    return ""
 
 
 def _evidence(name: str, ref_out: dict, twin_out: dict | None, samples: int) -> bool:
-    """An output is evidence when the input model's values and the twin's both tell something: not one
-    value everywhere (a detector whose quantized map is all zero on noise says nothing about a change,
-    even where the twin's map is not), and not the same for every sample (integer inputs that random
-    draws leave at zero feed every sample alike)."""
-    return all(informative(values) and _varies(values, samples)
-               for values in (ref_out[name], twin_out[name] if twin_out is not None else None) if values is not None)
+    return not _no_evidence(name, ref_out, twin_out, samples)
 
 
 def _varies(values: np.ndarray, samples: int) -> bool:
