@@ -123,6 +123,7 @@ def judge(
     shapes: dict[str, tuple[int, ...]] | None = None,
     exact: bool = False,
     opened: list | None = None,
+    twin: Twin | None = None,
 ) -> VerifyResult:
     """Run the reference (the input model), its float twin and the candidate, and decide per output.
 
@@ -130,6 +131,8 @@ def judge(
     (`seed`, `shapes` for dynamic dimensions). `exact`: the change claims to keep every output bit for bit.
     `opened`: a one-item list holding onnxruntime's session of the candidate file (optimisations off),
     when the caller has built one (`qdq fix` has, to check the file it writes); the verdict takes it.
+    `twin`: the reference's float twin, when the caller has built it (`qdq fix --calibrate`, for its search);
+    the verdict adds outputs to it.
     """
     reference, candidate = Path(reference), Path(candidate)
     proto = onnx.load(str(reference), load_external_data=False)
@@ -140,8 +143,10 @@ def judge(
     built = opened.pop() if opened else None
     if built is not None and (optimized or exact or not small_weights(fixed)):
         built = None
-    twin = float_twin(proto, ruleset.params_of("QDQ006"), reference.parent) \
-        if not exact else Twin(None, 0, "the change claims to be exact")
+    if exact:
+        twin = Twin(None, 0, "the change claims to be exact")
+    elif twin is None:
+        twin = float_twin(proto, ruleset.params_of("QDQ006"), reference.parent)
     if twin.model is not None and samples is None:
         watch(twin)  # the twin also outputs what its quantizers read: random inputs are chosen on it
     observe = (criterion, samples, inputs_label, seed, shapes, proto.graph)
