@@ -28,7 +28,7 @@ from qdq.commands.args import (
 from qdq.engine.exponent_search import Objective, search_exponents, search_settings
 from qdq.engine.fix import DEFAULT_MAX_ROUNDS, FixResult, fix
 from qdq.engine.lint import LintResult, lint
-from qdq.engine.registry import all_rules
+from qdq.engine.registry import claims_exact
 from qdq.engine.ruleset import RuleSet
 from qdq.engine.suppression import drop_ignored
 from qdq.graph.model import Model, save_model
@@ -37,7 +37,6 @@ from qdq.reports import fix as fix_report
 from qdq.reports import fix_html
 from qdq.reports import neighbourhood
 from qdq.reports.json import dumps
-from qdq.rewrite.rule import FixSafety
 from qdq.support import progress
 from qdq.support.errors import InvalidOutputError
 from qdq.support.files import atomic_write_text, check_writable, same_file
@@ -207,7 +206,7 @@ def _save_verified(
     """
     target = args.model if args.in_place else args.output
     found: dict = {"verification": None, "skipped": None}
-    exact = all(all_rules()[c.code].fix_safety == FixSafety.EXACT for c in fixed.changes)
+    exact = claims_exact(c.code for c in fixed.changes)
 
     def verify(candidate: Path, opened: list) -> None:
         if inputs is None or not fixed.changes:
