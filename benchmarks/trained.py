@@ -90,7 +90,7 @@ def measured(model: Path, task: str, optimized: bool) -> dict:
 
 
 def judged(r: dict, key: str) -> str:
-    """A verdict cell: PASS/FAIL with input→twin → candidate→twin; no evidence without figures (they judge nothing)."""
+    """A verdict cell: PASS/FAIL with input→twin → candidate→twin; no evidence bare (its figures judge nothing)."""
     v = r.get(key)
     if not v:
         return "no change" if r.get("changes") == 0 else "—"
