@@ -25,7 +25,7 @@ import onnx
 from onnx import helper, numpy_helper
 
 from qdq.checks.coverage import describe, unread_ops
-from qdq.graph.ops import DEQUANTIZE, NON_NEGATIVE_OPS, QDQ_DOMAINS, QUANTIZE, SIGN_KEEPING_OPS
+from qdq.graph.ops import DEQUANTIZE, NON_NEGATIVE_OPS, QDQ_DOMAINS, QUANTIZE, SIGN_KEEPING_OPS, sign_carrying
 from qdq.support import progress
 from qdq.verification.verify import Quantizers
 
@@ -144,8 +144,7 @@ def _one_sided(name: str, producers: dict[str, onnx.NodeProto], ranges: Quantize
         return bounds is not None and float(bounds[0]) == 0.0
     if node.op_type not in SIGN_KEEPING_OPS:
         return False
-    data = node.input if node.op_type == "Concat" else node.input[:1]
-    return all(_one_sided(x, producers, ranges, depth + 1) for x in data if x)
+    return all(_one_sided(x, producers, ranges, depth + 1) for x in sign_carrying(node.op_type, node.input) if x)
 
 
 def _quantizer_of(dq: onnx.NodeProto, producers: dict[str, onnx.NodeProto]) -> onnx.NodeProto | None:
