@@ -391,11 +391,8 @@ def _no_evidence(name: str, ref_out: dict, twin_out: dict | None, samples: int) 
     """Why an output is no evidence ("" when it is): the input model's values and the twin's must both tell
     something. A detector whose quantized map is all zero on noise says nothing about a change, even where the
     twin's map is not; integer inputs that random draws leave at zero feed every sample alike."""
-    for who, values in (("the input model", ref_out[name]), ("the float twin", twin_out[name] if twin_out else None)):
-        why = _uninformative(values, samples) if values is not None else ""
-        if why:
-            return f"{who} writes {why}"
-    return ""
+    told = [("the input model", ref_out[name])] + ([("the float twin", twin_out[name])] if twin_out is not None else [])
+    return next((f"{who} writes {why}" for who, values in told if (why := _uninformative(values, samples))), "")
 
 
 def _evidence(name: str, ref_out: dict, twin_out: dict | None, samples: int) -> bool:
