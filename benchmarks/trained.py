@@ -90,11 +90,13 @@ def measured(model: Path, task: str, optimized: bool) -> dict:
 
 
 def judged(r: dict, key: str) -> str:
-    """A verdict cell: PASS/FAIL/no evidence with input→twin → candidate→twin."""
+    """A verdict cell: PASS/FAIL with input→twin → candidate→twin; no evidence bare (its figures judge nothing)."""
     v = r.get(key)
     if not v:
         return "no change" if r.get("changes") == 0 else "—"
-    word = "PASS" if v["passed"] else ("no evidence" if not v["evidence"] else "FAIL")
+    if not v["evidence"]:
+        return "no evidence"
+    word = "PASS" if v["passed"] else "FAIL"
     if "input_to_twin" not in v:
         return f"{word} (no twin)"
     return f"{word} {v['input_to_twin']:.3f} → {v['candidate_to_twin']:.3f}"

@@ -49,6 +49,7 @@ sys.path[:0] = [str(REPO), str(REPO / "examples"), str(REPO / "tests" / "corpus"
                 str(REPO / "tests" / "trained"), str(REPO / "benchmarks")]
 
 import cli  # noqa: E402
+from qdq.engine.registry import claims_exact  # noqa: E402
 from qdq.engine.ruleset import load_target  # noqa: E402
 from qdq.support.runtime import session as new_session  # noqa: E402
 from qdq.verification.verdict import Criterion, judge  # noqa: E402
@@ -123,17 +124,22 @@ def run_cli(*argv) -> int:
         return cli.main([str(a) for a in argv])
 
 
-def fixed_by(model: Path, target: str, folder: Path) -> Path | None:
-    out = folder / f"{model.stem}.{target}.onnx"
-    code = run_cli("fix", model, "--target", target, "-o", out, "--no-verify", "--isolated")
-    return out if code != 2 and out.exists() else None
+def fixed_by(model: Path, target: str, folder: Path) -> tuple[Path, bool] | None:
+    """The fixed file, and whether its changes all claim to be exact (then `qdq fix` holds them to identity)."""
+    out, report = folder / f"{model.stem}.{target}.onnx", folder / f"{model.stem}.{target}.json"
+    code = run_cli("fix", model, "--target", target, "-o", out, "--no-verify", "--isolated", "--report", report)
+    if code == 2 or not out.exists():
+        return None
+    return out, claims_exact(change["code"] for change in json.loads(report.read_text())["changes"])
 
 
-def verdicts(model: Path, fixed: Path, target: str, held_out: list[dict], label: str) -> dict:
+def verdicts(model: Path, fixed: Path, exact: bool, target: str, held_out: list[dict], label: str) -> dict:
+    """The verdict `qdq fix` gives, on random inputs and on the held-out samples: an exact claim is judged as
+    exact, as fix judges it (bit-identical outputs and integers, optimisations off), not by the margins."""
     ruleset = load_target(target)
     criterion = Criterion.of(ruleset)
-    return {"random": judged_rows(judge(model, fixed, ruleset, criterion)),
-            "held_out": judged_rows(judge(model, fixed, ruleset, criterion, held_out, label))}
+    return {"exact": exact, "random": judged_rows(judge(model, fixed, ruleset, criterion, exact=exact)),
+            "held_out": judged_rows(judge(model, fixed, ruleset, criterion, held_out, label, exact=exact))}
 
 
 # --- the digits corpus ---------------------------------------------------------------------------
@@ -166,9 +172,10 @@ def logits(path: Path, images: np.ndarray, optimized: bool = False) -> np.ndarra
 
 
 def measure_digits(path: Path, arch: str, target: str, images, labels, folder: Path) -> dict | None:
-    fixed = fixed_by(path, target, folder)
-    if fixed is None:
+    made = fixed_by(path, target, folder)
+    if made is None:
         return None
+    fixed, exact = made
     optimized = Criterion.of(load_target(target)).runtime == "optimized"
     floats = logits(REPO / "tests" / "corpus" / "float" / f"{arch}.onnx", images)
     before = (logits(path, images, optimized).argmax(1) == labels).astype(float)
@@ -179,7 +186,7 @@ def measure_digits(path: Path, arch: str, target: str, images, labels, folder: P
     name = onnx.load(str(path), load_external_data=False).graph.input[0].name  # exporters name it as they like
     samples = [{name: images[i:i + 1]} for i in range(16)]
     return {"corpus": "digits", "model": f"{path.parent.name}/{path.name}", "target": target, "task": task,
-            **verdicts(path, fixed, target, samples, "16 held-out digits")}
+            **verdicts(path, fixed, exact, target, samples, "16 held-out digits")}
 
 
 def digits_rows(targets: list[str], limit: int | None, only: str):
@@ -205,9 +212,10 @@ def trained_rows(targets: list[str], limit: int | None, only: str):
 
     def measure(folder: str, entry: dict, target: str, scratch: Path) -> dict | None:
         task, model = entry["task"], REPO / "tests" / "trained" / folder / entry["file"]
-        fixed = fixed_by(model, target, scratch)
-        if fixed is None:
+        made = fixed_by(model, target, scratch)
+        if made is None:
             return None
+        fixed, exact = made
         optimized = Criterion.of(load_target(target)).runtime == "optimized"  # the target's arithmetic
         if (model, optimized) not in scored:
             scored[(model, optimized)] = score(model, task, optimized)
@@ -217,7 +225,7 @@ def trained_rows(targets: list[str], limit: int | None, only: str):
                    **paired(before_samples, after_samples, 100 * trained.KEEP)}
         eval_set = REPO / "tests" / "trained" / "data" / f"{task}_eval.npz"
         return {"corpus": "trained", "model": f"{folder}/{entry['file']}", "target": target, "task": figures,
-                **verdicts(model, fixed, target, tasks.samples(task), str(eval_set))}
+                **verdicts(model, fixed, exact, target, tasks.samples(task), str(eval_set))}
 
     with tempfile.TemporaryDirectory(prefix="qdq-verdict-") as scratch:
         for folder, entry in trained.quantized_files(only)[:limit]:

@@ -20,7 +20,7 @@ from cli_run import qdq
 from float_reference import logits
 from npu_constraints import check
 
-from qdq.commands.fix import _search_objective
+from qdq.commands.fix import _search_objective, input_twin
 from qdq.engine import exponent_search
 from qdq.engine.fix import fix
 from qdq.engine.ruleset import load_rules_file, load_target
@@ -91,7 +91,8 @@ def test_the_search_keeps_to_its_budget(monkeypatch):
     samples = load_samples(CORPUS / "float" / "yolo.npz", YOLO)[:2]
     model, ruleset = load_model(YOLO), load_target("npu")
     fixed = fix(model, ruleset)
-    exponent_search.search_exponents(model, _search_objective(YOLO, ruleset), samples, ruleset, fixed, budget=5)
+    objective = _search_objective(YOLO, input_twin(YOLO, ruleset))
+    exponent_search.search_exponents(model, objective, samples, ruleset, fixed, budget=5)
     assert len(fixes) == 5
     assert 2 <= len(runs) <= 2 + 5  # the float twin, the fixed model, then the candidates that stayed clean
 
@@ -103,7 +104,7 @@ def test_the_input_model_stands_in_where_there_is_no_float_twin(tmp_path):
     b.node("Conv", [b.input("x", [1, 4, 8, 8]), b.weight("w", weight, 0.01)], ["y"], name="conv")
     b.output("y", [1, 8, 6, 6])
     model = b.save(tmp_path / "weights_only.onnx")
-    objective = _search_objective(model, load_target("npu"))
+    objective = _search_objective(model, input_twin(model, load_target("npu")))
     assert objective.what == "the input model" and "no activation" in objective.reason
     calibration = tmp_path / "samples.npz"
     np.savez(calibration, x=np.random.default_rng(1).uniform(-1, 1, (4, 4, 8, 8)).astype(np.float32))
@@ -138,3 +139,20 @@ def test_a_gain_one_sample_makes_is_not_shared():
     assert not shared(np.array([2.0, 0.0, 0.0, 0.0, 0.0, 0.0]))
     assert not shared(np.array([0.5, -0.4, 0.3, -0.3, 0.2, -0.2]))
     assert shared(np.array([5.0, -1.0, 1.0]))  # fewer than 4 samples cannot tell: any gain counts
+
+
+def test_fix_with_calibration_data_builds_the_float_twin_once(tmp_path, monkeypatch):
+    """The search aims at the input's float twin and the verdict judges by it: one twin serves both."""
+    from qdq.commands import fix as fix_command
+    from qdq.verification import verdict
+
+    built = []
+    for module in (fix_command, verdict):
+        monkeypatch.setattr(module, "float_twin", lambda *a, build=module.float_twin: built.append(1) or build(*a))
+    rules = tmp_path / "rules.toml"
+    rules.write_text('extends = "npu"\n[search]\nbudget = 2\n')
+    samples = tmp_path / "samples.npz"
+    np.savez(samples, input=np.load(CORPUS / "float" / "resnet.npz")["input"][:2])
+    run = qdq("fix", RESNET_X86, "--rules", rules, "-o", tmp_path / "fixed.onnx", "--calibrate", samples)
+    assert run.code in (0, 1) and "float twin (" in run.out, run.out + run.err
+    assert len(built) == 1

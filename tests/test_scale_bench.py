@@ -136,6 +136,26 @@ def test_verdict_benchmark_measures_a_fix_against_the_task(tmp_path, capsys):
     assert all(t["judged"] == 2 for t in chosen["deep"] + chosen["outputs"])  # random and held-out, evidence on both
 
 
+def test_the_verdict_benchmark_judges_an_exact_fix_as_qdq_fix_does(tmp_path):
+    """The benchmark that set the margins must give fix's verdict: a fix whose changes all claim to be exact
+    (QDQ505 re-typing int8 as uint8 for ort) is held to identity, without a twin, as fix holds it."""
+    import numpy as np
+    from cli_run import qdq
+    from test_verdict import relu_net
+
+    verdict = load("verdict")
+    model = relu_net(tmp_path / "m.onnx", 0, np.int8)
+    fixed, exact = verdict.fixed_by(model, "ort", tmp_path)
+    held_out = [{"x": np.random.default_rng(0).uniform(-3, 3, (1, 4, 8, 8)).astype(np.float32)}]
+    rows = verdict.verdicts(model, fixed, exact, "ort", held_out, "one sample")
+    report = tmp_path / "report.json"
+    qdq("fix", model, "--target", "ort", "-o", tmp_path / "by_fix.onnx", "--report", report)
+    shipped = json.loads(report.read_text())["verification"]
+    assert exact and shipped["twin"] == "no float twin: the change claims to be exact"
+    assert not rows["random"]["twin"] and rows["random"]["passed"] == shipped["passed"]
+    assert not rows["held_out"]["twin"]
+
+
 def test_the_sign_test_against_exact_binomial_figures():
     verdict = load("verdict")
     assert verdict.sign_test(0, 0) == 1.0 and verdict.sign_test(3, 3) == 1.0

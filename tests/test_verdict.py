@@ -116,10 +116,28 @@ def dead(path: Path, shift: float) -> Path:
 
 
 def test_an_output_that_tells_nothing_is_no_evidence(tmp_path):
-    """Identical candidate or not, no pass."""
-    run_ = qdq("verify", dead(tmp_path / "a.onnx", -100.0), dead(tmp_path / "b.onnx", -101.0), "--target", "trt")
+    """Identical candidate or not, no pass; and no distance is shown as if it judged anything: the row
+    says why it tells nothing, the JSON keeps the distances from the twin apart, under `unjudged`."""
+    reference, candidate = dead(tmp_path / "a.onnx", -100.0), dead(tmp_path / "b.onnx", -101.0)
+    run_ = qdq("verify", reference, candidate, "--target", "trt")
     assert run_.code == 1, run_.out
-    assert "no evidence" in run_.out and run_.out.splitlines()[-1].startswith("INCONCLUSIVE: y carries no information")
+    (row,) = [line for line in run_.out.splitlines() if line.startswith("y ")]
+    assert row.split()[2:9] == ["-"] * 7 and row.endswith("no evidence: the input model writes 0 everywhere"), row
+    assert run_.out.splitlines()[-1].startswith("INCONCLUSIVE: y carries no information on these inputs (the input "
+                                                "model writes 0 everywhere)"), run_.out
+    (o,) = qdq("verify", reference, candidate, "--target", "trt", "--format", "json").json()["outputs"]
+    assert (o["input_to_twin"], o["candidate_to_twin"], o["allowed"]) == (None, None, None), o
+    assert o["unjudged"] == {"input_to_twin": 0.0, "candidate_to_twin": 0.0} and not o["evidence"]
+    assert o["no_evidence"] == "the input model writes 0 everywhere"
+
+
+def test_fix_says_a_verdict_without_evidence_is_not_a_move_past_tolerance(tmp_path):
+    """The fix report is verify's, and its last line does not claim the outputs moved."""
+    run_ = qdq("fix", dead(tmp_path / "a.onnx", -100.0), "--target", "npu", "-o", tmp_path / "out.onnx")
+    assert run_.code == 1 and not (tmp_path / "out.onnx").exists()
+    assert "no evidence: the input model writes 0 everywhere" in run_.out, run_.out
+    assert run_.out.rstrip().endswith("not written: no evidence on these inputs to judge the outputs by, give --inputs "
+                                      "(use --keep-failed to write it anyway)"), run_.out
 
 
 def test_inputs_on_which_the_twin_tells_nothing_are_not_run_through_the_other_models(tmp_path, monkeypatch):
@@ -260,17 +278,22 @@ def test_a_q_that_stands_for_a_removed_relu_keeps_its_clip_in_the_twin(tmp_path)
     np.testing.assert_array_equal(run(float_twin(symmetric.model(), COVERAGE).model, {"x": values}), values)
 
 
-@pytest.mark.parametrize("between, clipped", [
-    ("GlobalAveragePool", False),  # averages non-negative values: no Relu was removed before the last Q
-    ("Flatten", False),
-    ("Neg", True),  # makes them negative: the last Q's saturation may be a removed Relu's work
+@pytest.mark.parametrize("between, clipped, reduced", [
+    ("GlobalAveragePool", False, False),  # averages non-negative values: no Relu was removed before the last Q
+    ("GlobalAveragePool", False, True),  # the first pair a reduced range, Q → Clip(0, 127) → DQ: the same
+    ("Flatten", False, False),
+    ("Neg", True, False),  # makes them negative: the last Q's saturation may be a removed Relu's work
 ])
-def test_a_q_over_values_already_non_negative_does_not_clip_in_the_twin(tmp_path, between, clipped):
+def test_a_q_over_values_already_non_negative_does_not_clip_in_the_twin(tmp_path, between, clipped, reduced):
     """NNCF's ResNet: Relu → Q → DQ → GlobalAveragePool → Q(uint8, zero point 0). Nothing was removed
     before the last Q; clipping the twin at its top would copy the input's saturation into the reference."""
     b = GraphBuilder(opset=13)
     relu = b.node("Relu", [b.input("x", [1, 8, 4, 4])], name="relu")
-    mid = b.node(between, [b.qdq(relu, 0.1, 0, np.uint8, name="a")], name="between")
+    params = b.qparams("a", 0.1, 0, np.uint8)
+    integers = b.node("QuantizeLinear", [relu, *params], name="aq")
+    if reduced:
+        integers = b.node("Clip", [integers, b.init("lo", np.uint8(0)), b.init("hi", np.uint8(127))], name="clip")
+    mid = b.node(between, [b.node("DequantizeLinear", [integers, *params], name="adq")], name="between")
     b.node("Identity", [b.qdq(mid, 0.01, 0, np.uint8, name="b")], ["y"], name="out")  # range [0, 2.55]
     b.output("y", [1, 8, 1, 1] if between == "GlobalAveragePool" else [1, 128] if between == "Flatten" else [1, 8, 4, 4])
     twin = float_twin(b.model(), COVERAGE)
@@ -419,3 +442,28 @@ def test_a_one_hot_input_is_drawn_over_its_classes(tmp_path):
     b.output("y", [1, 64, 257])
     drawn = RandomInputs(b.save(tmp_path / "m.onnx")).draw(0)["bytes"]
     assert drawn.min() >= 0 and drawn.max() <= 256 and len(np.unique(drawn)) > 32
+
+
+def reduced_range_net(path: Path, top: int | None) -> Path:
+    """x → Q/DQ → Conv → Relu → Q(uint8, 0.01) → [integer Clip(0, top)] → DQ → y: PyTorch FX QAT's
+    quant_max below the type's, exported as Q → Clip → DQ."""
+    b = GraphBuilder(opset=13)
+    x = b.qdq(b.input("x", [1, 4, 16, 16]), 0.02, name="x")
+    relu = b.node("Relu", [b.node("Conv", [x, b.weight("w", W, 0.01)], name="conv", pads=[1, 1, 1, 1])], name="relu")
+    params = b.qparams("y", 0.01, 0, np.uint8)
+    yq = b.node("QuantizeLinear", [relu, *params], name="yq")
+    if top is not None:
+        yq = b.node("Clip", [yq, b.init("lo", np.uint8(0)), b.init("hi", np.uint8(top))], name="clip")
+    b.node("DequantizeLinear", [yq, *params], ["y"], name="ydq")
+    b.output("y", [1, 8, 16, 16])
+    return b.save(path)
+
+
+def test_random_inputs_read_saturation_at_the_reduced_range_of_the_input_model(tmp_path):
+    """The twin has no Q → Clip → DQ left to read the narrower range from: saturation is measured
+    against the input model's quantizers, so the Clip at 15 of 255 makes the inputs smaller."""
+    labels = [qdq("verify", model, model, "--target", "npu", "--format", "json").json()["inputs"]
+              for model in (reduced_range_net(tmp_path / "full.onnx", None),
+                            reduced_range_net(tmp_path / "reduced.onnx", 15))]
+    assert "over the whole input range" in labels[0], labels[0]
+    assert "of the input range" in labels[1] and "whole" not in labels[1], labels[1]

@@ -14,7 +14,7 @@ from onnx import TensorProto
 
 from qdq.checks.reduced_range import clip_bounds, folded_clips
 from qdq.graph import ir
-from qdq.graph.ops import NON_NEGATIVE_OPS, SIGN_KEEPING_OPS
+from qdq.graph.ops import NON_NEGATIVE_OPS, SIGN_KEEPING_OPS, sign_carrying
 from qdq.quant import pow2
 from qdq.quant.dtypes import DEQUANTIZE_ONLY, QuantType, quant_type, type_name
 from qdq.quant.index import PER_AXIS, PER_TENSOR, QUANTIZE, QParams, QTensor, is_uniform
@@ -402,8 +402,7 @@ def _can_be_negative(ctx: CheckContext, tensor: ir.Tensor, seen: set[int]) -> bo
         low = clip_bounds(ctx, producer)[0]
         return low is None or low < 0
     if producer.op in ctx.params["through"]:
-        data = producer.inputs if producer.op == "Concat" else producer.inputs[:1]
-        return any(_can_be_negative(ctx, t, seen) for t in data)
+        return any(_can_be_negative(ctx, t, seen) for t in sign_carrying(producer.op, producer.inputs))
     return True
 
 

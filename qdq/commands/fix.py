@@ -28,7 +28,7 @@ from qdq.commands.args import (
 from qdq.engine.exponent_search import Objective, search_exponents, search_settings
 from qdq.engine.fix import DEFAULT_MAX_ROUNDS, FixResult, fix
 from qdq.engine.lint import LintResult, lint
-from qdq.engine.registry import all_rules
+from qdq.engine.registry import claims_exact
 from qdq.engine.ruleset import RuleSet
 from qdq.engine.suppression import drop_ignored
 from qdq.graph.model import Model, save_model
@@ -37,11 +37,10 @@ from qdq.reports import fix as fix_report
 from qdq.reports import fix_html
 from qdq.reports import neighbourhood
 from qdq.reports.json import dumps
-from qdq.rewrite.rule import FixSafety
 from qdq.support import progress
 from qdq.support.errors import InvalidOutputError
 from qdq.support.files import atomic_write_text, check_writable, same_file
-from qdq.verification.twin import float_twin
+from qdq.verification.twin import Twin, float_twin
 from qdq.verification.verdict import Criterion, judge
 from qdq.verification.verify import CandidateFailed, UnfeedableInput, VerifyResult, load_samples
 
@@ -119,13 +118,15 @@ def run(args: argparse.Namespace) -> int:
     log.info("fixing %s with rule set %r", args.model, ruleset.name)
     fixed = fix(model, ruleset, exact_only=args.exact_only, max_rounds=args.max_rounds, ranges=ranges)
     search, budget = search_settings(ruleset)
+    twin = None  # the input's float twin, when the search builds it: the verdict judges by the same one
     if search and samples and fixed.converged and not args.exact_only:
-        fixed = search_exponents(model, _search_objective(args.model, ruleset), samples, ruleset, fixed, ranges,
+        twin = input_twin(args.model, ruleset)
+        fixed = search_exponents(model, _search_objective(args.model, twin), samples, ruleset, fixed, ranges,
                                  budget)
     drop_ignored(fixed.result, config.per_node_ignores)  # as `qdq lint` reports them
     if not fixed.changes:
         skipped = None  # nothing to verify
-    verification, unfeedable, written = _save_verified(model, args, fixed, feeds, ruleset, criterion)
+    verification, unfeedable, written = _save_verified(model, args, fixed, feeds, ruleset, criterion, twin)
     skipped = skipped or unfeedable
     numbers_ok = verification is None or verification.passed
 
@@ -145,13 +146,17 @@ def run(args: argparse.Namespace) -> int:
     return EXIT_CLEAN if passed else EXIT_NOT_CLEAN
 
 
-def _search_objective(path: Path, ruleset: RuleSet) -> Objective:
+def input_twin(path: Path, ruleset: RuleSet) -> Twin:
+    """The float twin of the model at `path`, as the verdict builds it."""
+    return float_twin(onnx.load(str(path), load_external_data=False), ruleset.params_of("QDQ006"), path.parent)
+
+
+def _search_objective(path: Path, twin: Twin) -> Objective:
     """What the exponent search aims at: the input's float twin, which the verdict judges by; the input
     model itself where the twin cannot be built."""
-    proto = onnx.load(str(path), load_external_data=False)
-    twin = float_twin(proto, ruleset.params_of("QDQ006"), path.parent)
     if twin.model is None:
-        return Objective(proto, "the input model", f"no float twin: {twin.reason}")
+        return Objective(onnx.load(str(path), load_external_data=False), "the input model",
+                         f"no float twin: {twin.reason}")
     return Objective(twin.model, "the float twin")
 
 
@@ -188,7 +193,7 @@ class _Rejected(Exception):
 
 def _save_verified(
     model: Model, args: argparse.Namespace, fixed: FixResult, inputs: Inputs | None, ruleset: RuleSet,
-    criterion: Criterion,
+    criterion: Criterion, twin: Twin | None,
 ) -> tuple[VerifyResult | None, str | None, bool]:
     """Write the fixed model where it goes, judged on the very file written: (verification, why skipped, written).
 
@@ -197,11 +202,11 @@ def _save_verified(
     --keep-failed; never over the input with --in-place). It runs only the part of the file the
     fix changed, in pieces, after onnxruntime has loaded the file whole once (`save_model`'s own
     check; when the fix changed most of the model, the fixed model runs in that session). A dry run
-    verifies a copy in a temporary folder.
+    verifies a copy in a temporary folder. `twin`: the input's float twin, when the exponent search built it.
     """
     target = args.model if args.in_place else args.output
     found: dict = {"verification": None, "skipped": None}
-    exact = all(all_rules()[c.code].fix_safety == FixSafety.EXACT for c in fixed.changes)
+    exact = claims_exact(c.code for c in fixed.changes)
 
     def verify(candidate: Path, opened: list) -> None:
         if inputs is None or not fixed.changes:
@@ -209,7 +214,7 @@ def _save_verified(
         try:
             progress.step("judging the fixed model against the input's float twin in onnxruntime")
             result = judge(args.model, candidate, ruleset, criterion, inputs.samples, inputs.label, inputs.seed,
-                           inputs.shapes, exact=exact, opened=opened)
+                           inputs.shapes, exact=exact, opened=opened, twin=twin)
         except UnfeedableInput as exc:
             found["skipped"] = exc.reason
             return
@@ -250,16 +255,19 @@ def _verdict(
     if skipped is not None:
         parts.append("outputs not verified")
     elif verification is not None:
-        parts.append("outputs within tolerance" if numbers_ok else _failed(written, args))
+        parts.append("outputs within tolerance" if numbers_ok else _failed(written, args, verification.inconclusive))
     return "; ".join(parts)
 
 
-def _failed(written: bool, args: argparse.Namespace) -> str:
-    """What became of a fixed model whose outputs moved past tolerance."""
+def _failed(written: bool, args: argparse.Namespace, inconclusive: bool) -> str:
+    """What became of a fixed model whose verdict failed: its outputs moved past tolerance, or (`inconclusive`)
+    some carry no information on the inputs used, so nothing says whether they did."""
+    why = "no evidence on these inputs to judge the outputs by, give --inputs" if inconclusive else \
+        "outputs moved past tolerance"
     if args.in_place:
-        return "outputs moved past tolerance; the input was left unchanged"
+        return f"{why}; the input was left unchanged"
     if written:
-        return "outputs moved past tolerance; written although verification failed"
+        return f"{why}; written although verification failed"
     if args.output is not None:
-        return "not written: outputs moved past tolerance (use --keep-failed to write it anyway)"
-    return "outputs moved past tolerance"
+        return f"not written: {why} (use --keep-failed to write it anyway)"
+    return why

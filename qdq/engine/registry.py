@@ -4,9 +4,17 @@ themselves with `qdq.rewrite.rule.register`; `qdq.rewrite.rule` itself imports n
 from __future__ import annotations
 
 import qdq.checks  # noqa: F401  (registers the rules)
-from qdq.rewrite.rule import RULES, Rule
+from collections.abc import Iterable
+
+from qdq.rewrite.rule import RULES, FixSafety, Rule
 
 
 def all_rules() -> dict[str, type[Rule]]:
     """Every registered rule, by code."""
     return dict(sorted(RULES.items()))
+
+
+def claims_exact(codes: Iterable[str]) -> bool:
+    """Whether changes made by these rules all claim to keep every output bit for bit: the verdict then holds
+    them to that (`qdq.verification.verdict`), not to a distance from the float twin."""
+    return all(all_rules()[code].fix_safety == FixSafety.EXACT for code in codes)

@@ -4,6 +4,11 @@ Its own module so that loading and saving (`qdq.graph.model`) can name them with
 quantization view of a graph (`qdq.quant.index`), which is built on a loaded model.
 """
 
+from collections.abc import Sequence
+from typing import TypeVar
+
+T = TypeVar("T")
+
 QUANTIZE = "QuantizeLinear"
 DEQUANTIZE = "DequantizeLinear"
 QDQ_OPS = (QUANTIZE, DEQUANTIZE)
@@ -22,3 +27,9 @@ NON_NEGATIVE_OPS = ("Relu", "Sigmoid", "HardSigmoid", "Softmax", "Abs", "Exp")
 SIGN_KEEPING_OPS = ("MaxPool", "AveragePool", "GlobalAveragePool", "GlobalMaxPool", "Reshape", "Flatten",
                     "Transpose", "Squeeze", "Unsqueeze", "Slice", "Concat", "Identity", "Gather", "Expand",
                     "Tile", "Split")
+
+
+def sign_carrying(op: str, inputs: Sequence[T]) -> Sequence[T]:
+    """The inputs whose values a sign-keeping op passes on: every input of a Concat, the data input (the
+    first) of the others; their shape, index and axis inputs do not reach the output's values."""
+    return inputs if op == "Concat" else inputs[:1]

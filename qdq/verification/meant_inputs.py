@@ -43,9 +43,10 @@ _MIN_SIDE = 8
 
 def meant_inputs(drawn: RandomInputs, twin: Twin, probe: Pieces | None, criterion, seed: int, shapes: dict | None
                  ) -> tuple[list[dict[str, np.ndarray]], str, dict[str, np.ndarray] | None]:
-    """`criterion.samples` feeds drawn from the input model (`drawn`, given the user's `shapes`), their label for
-    the report, and the twin's outputs on them when it ran them (`probe`, the twin ready to run, chooses the
-    amplitude and computes them: one twin run, not two)."""
+    """`criterion.samples` feeds drawn from the input model (`drawn`, given the user's `shapes`; its quantizers'
+    ranges are what saturation is measured against), their label for the report, and the twin's outputs on
+    them when it ran them (`probe`, the twin ready to run, chooses the amplitude and computes them: one twin
+    run, not two)."""
     reference = drawn.model_path
     opened = {name: size for name, size in open_image_sizes(drawn.graph).items() if name not in (shapes or {})}
     drawn.shapes.update(opened)
@@ -59,7 +60,8 @@ def meant_inputs(drawn: RandomInputs, twin: Twin, probe: Pieces | None, criterio
         return draw(1.0, seed, count), f"random (seed {seed}, {count} sample(s){sized})", None
     watched = twin.watched
     progress.step("choosing random inputs")
-    ranges = Quantizers(twin.model.graph, reference.parent)
+    # The input model's quantizers: in the twin a reduced range (Q → integer Clip → DQ) is gone with its Q.
+    ranges = drawn.quantizers
     chosen = _AMPLITUDES[-1]
     for amplitude in _AMPLITUDES:
         progress.step(f"choosing random inputs: amplitude {amplitude:g}")

@@ -25,7 +25,7 @@ import onnx
 from onnx import helper, numpy_helper
 
 from qdq.checks.coverage import describe, unread_ops
-from qdq.graph.ops import DEQUANTIZE, NON_NEGATIVE_OPS, QDQ_DOMAINS, QUANTIZE, SIGN_KEEPING_OPS
+from qdq.graph.ops import DEQUANTIZE, NON_NEGATIVE_OPS, QDQ_DOMAINS, QUANTIZE, SIGN_KEEPING_OPS, sign_carrying
 from qdq.support import progress
 from qdq.verification.verify import Quantizers
 
@@ -76,10 +76,8 @@ def float_twin(model: onnx.ModelProto, coverage: dict[str, Any], folder: Path | 
     for position, node in enumerate(progress.each(graph.node, "building the float twin")):
         if not _is(node, DEQUANTIZE) or len(node.input) < 2:
             continue
-        source = producers.get(node.input[0])
-        if source is not None and source.op_type == "Clip" and source.domain in ("", "ai.onnx"):
-            source = producers.get(source.input[0])  # Q → integer Clip → DQ (reduced range, Brevitas QCDQ)
-        if source is None or not _is(source, QUANTIZE) or source.input[0] in constant:
+        source = _quantizer_of(node, producers)
+        if source is None or source.input[0] in constant:
             continue
         to = _output_type(node, ranges)
         if to is None:
@@ -141,13 +139,21 @@ def _one_sided(name: str, producers: dict[str, onnx.NodeProto], ranges: Quantize
     if node.op_type in _BOUNDED:
         return True
     if _is(node, DEQUANTIZE):
-        q = producers.get(node.input[0])
-        bounds = ranges.range_of_node(q, q.input[0], ()) if q is not None and _is(q, QUANTIZE) else None
+        q = _quantizer_of(node, producers)
+        bounds = ranges.range_of_node(q, q.input[0], ()) if q is not None else None
         return bounds is not None and float(bounds[0]) == 0.0
     if node.op_type not in SIGN_KEEPING_OPS:
         return False
-    data = node.input if node.op_type == "Concat" else node.input[:1]
-    return all(_one_sided(x, producers, ranges, depth + 1) for x in data if x)
+    return all(_one_sided(x, producers, ranges, depth + 1) for x in sign_carrying(node.op_type, node.input) if x)
+
+
+def _quantizer_of(dq: onnx.NodeProto, producers: dict[str, onnx.NodeProto]) -> onnx.NodeProto | None:
+    """The QuantizeLinear whose integers a DequantizeLinear reads, directly or through an integer Clip
+    (a reduced range: Brevitas QCDQ, PyTorch FX QAT with quant_max below the type's); None if none."""
+    source = producers.get(dq.input[0])
+    if source is not None and source.op_type == "Clip" and source.domain in ("", "ai.onnx"):
+        source = producers.get(source.input[0])
+    return source if source is not None and _is(source, QUANTIZE) else None
 
 
 def _is(node: onnx.NodeProto, op: str) -> bool:

@@ -124,6 +124,7 @@ def judge(
     shapes: dict[str, tuple[int, ...]] | None = None,
     exact: bool = False,
     opened: list | None = None,
+    twin: Twin | None = None,
 ) -> VerifyResult:
     """Run the reference (the input model), its float twin and the candidate, and decide per output.
 
@@ -131,6 +132,8 @@ def judge(
     (`seed`, `shapes` for dynamic dimensions). `exact`: the change claims to keep every output bit for bit.
     `opened`: a one-item list holding onnxruntime's session of the candidate file (optimisations off),
     when the caller has built one (`qdq fix` has, to check the file it writes); the verdict takes it.
+    `twin`: the reference's float twin, when the caller has built it (`qdq fix --calibrate`, for its search);
+    the verdict adds outputs to it.
     """
     reference, candidate = Path(reference), Path(candidate)
     proto = onnx.load(str(reference), load_external_data=False)
@@ -142,8 +145,10 @@ def judge(
     if built is not None and (optimized or exact or not small_weights(fixed)):
         built = None
     with start_element_types(proto) as typing:  # on a large model, in a child while the twin is built
-        twin = float_twin(proto, ruleset.params_of("QDQ006"), reference.parent) \
-            if not exact else Twin(None, 0, "the change claims to be exact")
+        if exact:
+            twin = Twin(None, 0, "the change claims to be exact")
+        elif twin is None:
+            twin = float_twin(proto, ruleset.params_of("QDQ006"), reference.parent)
         if twin.model is not None and samples is None:
             watch(twin)  # the twin also outputs what its quantizers read: random inputs are chosen on it
         deep = _deepest(proto, fixed, twin) if twin.model is not None and not optimized else []
@@ -174,7 +179,7 @@ def judge(
         check_same_shape(name, a, b, reference, candidate)
         row = compare_arrays(name, a, b, criterion.atol, criterion.rtol, criterion.min_sqnr)
         basis = twin_out[name] if twin_out is not None else a
-        row.evidence = _evidence(name, ref_out, twin_out, len(samples))
+        row.no_evidence = _no_evidence(name, ref_out, twin_out, len(samples))
         if exact:
             held, row.verdict_failure = row.identical, "not bit-identical"
         elif twin_out is not None:
@@ -371,21 +376,29 @@ def _grid(q: onnx.NodeProto, quantizers: Quantizers) -> tuple[np.ndarray, np.nda
     return None if scale is None or zero is None else (np.asarray(scale[0]), np.asarray(zero[0]))
 
 
-def informative(values: np.ndarray) -> bool:
-    """Whether an output tells anything: finite, and not one value everywhere (all zero, saturated)."""
+def _uninformative(values: np.ndarray, samples: int) -> str:
+    """Why these values tell nothing (not finite, one value everywhere: all zero, saturated; the same for
+    every sample), or "" when they tell something."""
     if values.size == 0 or values.dtype.kind not in "biuf":
-        return False
+        return "no numbers"
     flat = values.astype(np.float64, copy=False).ravel()
-    return bool(np.all(np.isfinite(flat))) and bool(np.ptp(flat) > 0)
+    if not np.all(np.isfinite(flat)):
+        return "NaN or inf"
+    if np.ptp(flat) == 0:
+        return f"{flat[0]:g} everywhere"
+    return "" if _varies(values, samples) else "the same values for every sample"
+
+
+def _no_evidence(name: str, ref_out: dict, twin_out: dict | None, samples: int) -> str:
+    """Why an output is no evidence ("" when it is): the input model's values and the twin's must both tell
+    something. A detector whose quantized map is all zero on noise says nothing about a change, even where the
+    twin's map is not; integer inputs that random draws leave at zero feed every sample alike."""
+    told = [("the input model", ref_out[name])] + ([("the float twin", twin_out[name])] if twin_out is not None else [])
+    return next((f"{who} writes {why}" for who, values in told if (why := _uninformative(values, samples))), "")
 
 
 def _evidence(name: str, ref_out: dict, twin_out: dict | None, samples: int) -> bool:
-    """An output is evidence when the input model's values and the twin's both tell something: not one
-    value everywhere (a detector whose quantized map is all zero on noise says nothing about a change,
-    even where the twin's map is not), and not the same for every sample (integer inputs that random
-    draws leave at zero feed every sample alike)."""
-    return all(informative(values) and _varies(values, samples)
-               for values in (ref_out[name], twin_out[name] if twin_out is not None else None) if values is not None)
+    return not _no_evidence(name, ref_out, twin_out, samples)
 
 
 def _varies(values: np.ndarray, samples: int) -> bool:

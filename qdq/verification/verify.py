@@ -82,12 +82,20 @@ class OutputComparison:
     input_to_twin: float | None = None
     candidate_to_twin: float | None = None
     allowed: float | None = None
-    # False when the reference's output carries no information on the inputs (constant, NaN).
-    evidence: bool = True
+    # Why the output carries no information on the inputs used ("the input model writes 0 everywhere"); "" when it does.
+    no_evidence: str = ""
     # What the verdict's own criterion found wrong, for the report ("" when it held or was not applied).
     verdict_failure: str = ""
 
+    @property
+    def evidence(self) -> bool:
+        return not self.no_evidence
+
     def to_dict(self) -> dict:
+        """Without evidence the distances from the twin judge nothing: they are null, kept as measured under
+        `unjudged`, and `no_evidence` says why."""
+        twin = {"input_to_twin": self.input_to_twin, "candidate_to_twin": self.candidate_to_twin}
+        unjudged = not self.evidence and self.input_to_twin is not None
         return {
             "name": self.name,
             "shape": list(self.shape),
@@ -98,10 +106,11 @@ class OutputComparison:
             "mismatched": self.mismatched,
             "nonfinite": self.nonfinite,
             "identical": self.identical,
-            "input_to_twin": self.input_to_twin,
-            "candidate_to_twin": self.candidate_to_twin,
-            "allowed": self.allowed,
+            **({key: None for key in twin} if unjudged else twin),
+            "allowed": None if unjudged else self.allowed,
             "evidence": self.evidence,
+            "no_evidence": self.no_evidence or None,
+            **({"unjudged": twin} if unjudged else {}),
             "passed": self.passed,
         }
 
@@ -134,6 +143,12 @@ class VerifyResult:
     @property
     def passed(self) -> bool:
         return all(o.passed for o in self.judged) and not self.integers_differing
+
+    @property
+    def inconclusive(self) -> bool:
+        """Failed for want of evidence alone: every failing row carries no information on the inputs used."""
+        failed = [o for o in self.judged if not o.passed]
+        return bool(failed) and not self.integers_differing and all(not o.evidence for o in failed)
 
     @property
     def identical(self) -> bool:
@@ -804,8 +819,10 @@ def render_text(result: VerifyResult) -> str:
     rows = [("output", "shape", *head, "max abs err", "rel L2", "cosine", "SQNR dB", "result")]
     for o in shown:
         figures = (_num(o.input_to_twin), _num(o.candidate_to_twin), _num(o.allowed)) if twin else ()
-        rows.append((o.name, shape_text(o.shape), *figures, _num(o.max_abs_error), _num(o.relative_l2),
-                     _num(o.cosine, "{:.6f}"), _num(o.sqnr_db, "{:.1f}"), _status(o, result)))
+        figures += (_num(o.max_abs_error), _num(o.relative_l2), _num(o.cosine, "{:.6f}"), _num(o.sqnr_db, "{:.1f}"))
+        if not o.evidence:  # distances on inputs that tell nothing judge nothing: none is shown
+            figures = ("-",) * len(figures)
+        rows.append((o.name, shape_text(o.shape), *figures, _status(o, result)))
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
     for row in rows:
         cells = [row[0].ljust(widths[0]), row[1].ljust(widths[1])]
@@ -828,18 +845,20 @@ def render_text(result: VerifyResult) -> str:
     elif not failed:
         deepest = " and the network's deepest quantized tensors" if result.network is not None else ""
         lines.append(f"PASS: all {len(result.outputs)} output(s){deepest} within tolerance")
-    elif set(failed) == set(unknown):
+    elif result.inconclusive:
+        reasons = [(o.name, o.no_evidence) for o in shown if not o.evidence]
+        why = reasons[0][1] if len(reasons) == 1 else "; ".join(f"{name}: {reason}" for name, reason in reasons)
         lines.append(f"INCONCLUSIVE: {', '.join(unknown)} carr{'y' if len(unknown) > 1 else 'ies'} no information on "
-                     "these inputs (the same value everywhere, or NaN); give --inputs with samples the model is meant "
-                     "to see")
+                     f"these inputs ({why}); give --inputs with samples the model is meant to see")
     else:
-        lines.append(f"FAIL: {len(failed)} of {total} judged past tolerance: {', '.join(failed)}")
+        named = [f"{name} (no evidence)" if name in unknown else name for name in failed]
+        lines.append(f"FAIL: {len(failed)} of {total} judged past tolerance: {', '.join(named)}")
     return "\n".join(lines) + "\n"
 
 
 def _status(o: OutputComparison, result: VerifyResult) -> str:
     if not o.evidence:
-        return "no evidence"
+        return f"no evidence: {o.no_evidence}"
     if o.identical:
         return "identical"
     if o.passed:
