@@ -3,8 +3,9 @@
 The verdict (docs/verification.md) judges a fix by its distance from the input's float twin: the
 same graph with each activation QuantizeLinear → DequantizeLinear pair (and an integer Clip
 between them) replaced by the Q's float input in the DQ's float type, the weights'
-DequantizeLinears kept. A quantizer whose integer range starts or ends at exactly zero keeps its
-whole clipping as a Clip (quantizers delete the Relu or Clip it makes redundant), unless its input
+DequantizeLinears kept. A pair whose integer range (the Clip's, where one narrows it) starts or
+ends at exactly zero keeps its whole clipping as a Clip (quantizers delete the Relu or Clip it
+makes redundant), unless its input
 is already one-sided: made by Relu, Clip, Sigmoid, HardSigmoid, Softmax or Abs, by a pair whose
 range starts at zero, or by an op that only moves or averages such values
 (docs/verification.md, "What a change is judged against").
@@ -40,8 +41,10 @@ def _constants(graph: onnx.GraphProto) -> set[str]:
     return known
 
 
-def _range(q: onnx.NodeProto, values: dict[str, np.ndarray], types: dict[str, int]) -> tuple[float, float] | None:
-    """The floats a per-tensor Q can represent, [(qmin - zp)·s, (qmax - zp)·s]; None when not constant."""
+def _range(q: onnx.NodeProto, values: dict[str, np.ndarray], types: dict[str, int],
+           clip: onnx.NodeProto | None = None) -> tuple[float, float] | None:
+    """The floats a per-tensor Q can represent, [(qmin - zp)·s, (qmax - zp)·s], its integers narrowed by the
+    integer `clip` between it and its DQ (a reduced range); None when not constant."""
     scale = values.get(q.input[1])
     if scale is None or scale.size != 1:
         return None
@@ -51,6 +54,10 @@ def _range(q: onnx.NodeProto, values: dict[str, np.ndarray], types: dict[str, in
         zero_point, (low, high) = int(values[q.input[2]].item()), INTEGER_RANGES[types[q.input[2]]]
     else:
         return None
+    if clip is not None:
+        bounds = [values.get(name) for name in clip.input[1:3]]
+        low = max(low, int(bounds[0].item())) if len(bounds) > 0 and bounds[0] is not None else low
+        high = min(high, int(bounds[1].item())) if len(bounds) > 1 and bounds[1] is not None else high
     step = float(scale.item())
     return (low - zero_point) * step, (high - zero_point) * step
 
@@ -90,6 +97,10 @@ def float_twin(model: onnx.ModelProto) -> onnx.ModelProto:
             return None
         return source
 
+    def pair_range(dq: onnx.NodeProto, q: onnx.NodeProto) -> tuple[float, float] | None:
+        between = producer.get(dq.input[0])
+        return _range(q, values, types, between if between is not q else None)
+
     def one_sided(name: str) -> bool:
         node = producer.get(name)
         if node is None:
@@ -98,7 +109,7 @@ def float_twin(model: onnx.ModelProto) -> onnx.ModelProto:
             return True
         if node.op_type == "DequantizeLinear":
             q = quantizer_of(node)
-            bounds = _range(q, values, types) if q is not None else None
+            bounds = pair_range(node, q) if q is not None else None
             return bounds is not None and bounds[0] == 0.0
         if node.op_type not in MOVING_OR_AVERAGING:
             return False
@@ -115,7 +126,7 @@ def float_twin(model: onnx.ModelProto) -> onnx.ModelProto:
             continue  # a scale computed at run time: the pair stays
         name = f"{node.output[0]}__twin"
         added.append(helper.make_node("Cast", [rename.get(q.input[0], q.input[0])], [name], to=float_type))
-        bounds = _range(q, values, types)
+        bounds = pair_range(node, q)
         if bounds is not None and 0.0 in bounds and not one_sided(q.input[0]):
             limits = [f"{name}_low", f"{name}_high"]
             dtype = helper.tensor_dtype_to_np_dtype(float_type)

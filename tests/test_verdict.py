@@ -467,3 +467,25 @@ def test_random_inputs_read_saturation_at_the_reduced_range_of_the_input_model(t
                             reduced_range_net(tmp_path / "reduced.onnx", 15))]
     assert "over the whole input range" in labels[0], labels[0]
     assert "of the input range" in labels[1] and "whole" not in labels[1], labels[1]
+
+
+def test_a_reduced_range_that_starts_at_zero_clips_in_both_twins():
+    """Q(int8, zero point 0) → Clip(0, 127) → DQ after a Conv: the integer Clip is a Relu the exporter folded into
+    the integers, so the pair's range [0, 127·s] starts at zero and the twin keeps that clipping. qdq's twin and
+    the one built from the documented definition (tests/independent_twin.py) agree on it."""
+    import independent_twin
+
+    b = GraphBuilder(opset=13)
+    x = b.qdq(b.input("x", [1, 4, 8, 8]), 0.02, name="x")
+    conv = b.node("Conv", [x, b.weight("w", W, 0.01)], name="conv", pads=[1, 1, 1, 1])
+    params = b.qparams("y", 0.01, 0, np.int8)
+    integers = b.node("Clip", [b.node("QuantizeLinear", [conv, *params], name="yq"), b.init("lo", np.int8(0)),
+                               b.init("hi", np.int8(127))], name="clip")
+    b.node("DequantizeLinear", [integers, *params], ["y"], name="ydq")
+    b.output("y", [1, 8, 8, 8])
+    model = b.model()
+    feeds = {"x": np.random.default_rng(0).uniform(-2, 2, (1, 4, 8, 8)).astype(np.float32)}
+    ours = independent_twin.run(float_twin(model, load_target("npu").params_of("QDQ006")).model, feeds)["y"]
+    theirs = independent_twin.run(independent_twin.float_twin(model), feeds)["y"]
+    assert ours.min() == 0.0 and ours.max() > 0.5  # the conv's negative values clipped at zero, the rest kept
+    np.testing.assert_array_equal(ours, theirs)
