@@ -121,7 +121,9 @@ def start_types(model: onnx.ModelProto) -> TypesProcess | None:
     if not _child_pays(len(model.graph.node), MIN_NODES):
         return None
     try:
-        return TypesProcess(without_weight_data(model))
+        light = without_weight_data(model)
+        progress.tick()  # the copy takes about a second at 100k nodes, as does writing it
+        return TypesProcess(light)
     except OSError:
         return None
 

@@ -63,12 +63,15 @@ def changed_region(reference: onnx.ModelProto, reference_folder: Path, candidate
     boundary = [name for name in read if name in unchanged and name not in weights and name not in declared]
     outputs = [o for o in graph.output if o.name not in unchanged]
     needed = set(read)
-    progress.tick()  # copying the region's nodes into a model of their own
-    region_graph = helper.make_graph(
-        changed_nodes, graph.name or "region",
-        [declared[name] for name in read if name in declared] + [onnx.ValueInfoProto(name=n) for n in boundary],
-        outputs, [t for t in graph.initializer if t.name in needed])
-    region = helper.make_model(region_graph, opset_imports=candidate.opset_import, ir_version=candidate.ir_version)
+    progress.tick()  # copying the region's nodes into a model of their own: once, into the model itself
+    region = helper.make_model(onnx.GraphProto(name=graph.name or "region"), opset_imports=candidate.opset_import,
+                               ir_version=candidate.ir_version)
+    region.graph.node.extend(changed_nodes)
+    progress.tick()
+    region.graph.input.extend([declared[name] for name in read if name in declared] +
+                              [onnx.ValueInfoProto(name=n) for n in boundary])
+    region.graph.output.extend(outputs)
+    region.graph.initializer.extend(t for t in graph.initializer if t.name in needed)
     region.functions.extend(candidate.functions)
     return Region(region, boundary, [o.name for o in graph.output if o.name in unchanged],
                   len(changed_nodes), len(graph.node))

@@ -137,7 +137,9 @@ def judge(
     """
     reference, candidate = Path(reference), Path(candidate)
     proto = onnx.load(str(reference), load_external_data=False)
+    progress.tick()  # each read of a 100k-node file takes about a second
     fixed = onnx.load(str(candidate), load_external_data=False)
+    progress.tick()
     optimized = criterion.runtime == "optimized" and not exact
     # The caller's session of the candidate file may stand for the fixed model's run (optimisations off, outputs
     # only, weights small enough to keep it while the others run); otherwise it is freed here.
