@@ -49,12 +49,12 @@ from qdq.cli import main as qdq  # noqa: E402
 SCORE = {"cls": "top1", "det": "f1", "rec": "string_accuracy"}
 # The shipped npu rule set with QDQ510 and QDQ511 turned on (they ship off).
 OPT_IN = REPO / "examples" / "rules" / "npu_accuracy.toml"
-# Variants of the fix: (label, whether QDQ510 and QDQ511 run, with calibration data).
+# Variants of the fix: (label, rule set file or None for `--target npu`, with calibration data).
 VARIANTS = [
-    ("no data", False, False),
-    ("no data, QDQ510+511", True, False),
-    ("calibrated", False, True),
-    ("calibrated, QDQ510+511", True, True),
+    ("no data", None, False),
+    ("no data, QDQ510+511", OPT_IN, False),
+    ("calibrated", None, True),
+    ("calibrated, QDQ510+511", OPT_IN, True),
 ]
 MODELS = ["ort/*u8s8.onnx", "ort/*u8s8_percentile.onnx", "ort/*s8_per_channel.onnx", "nncf/*performance.onnx",
           "nncf/*mixed.onnx", "modelopt/*int8.onnx"]
@@ -113,7 +113,7 @@ class Scorer:
         return row
 
 
-def measure(task: str, quantized: list[Path], folder: Path, variants: list[tuple[str, bool, bool]],
+def measure(task: str, quantized: list[Path], folder: Path, variants: list[tuple[str, Path | None, bool]],
             split: str, verify: bool) -> list[dict]:
     scorer = Scorer(task, split)
     rows = [{"model": f"float/ppocr_{task}.onnx", "variant": "as made", **scorer(TRAINED / "float" / f"ppocr_{task}.onnx")},
@@ -124,8 +124,8 @@ def measure(task: str, quantized: list[Path], folder: Path, variants: list[tuple
     for model in quantized:
         rows.append({"model": str(model.relative_to(TRAINED)), "variant": "input", **scorer(model)})
         print(_line(task, rows[-1]), flush=True)
-        for label, accuracy_steps, calibrated in variants:
-            rules = ["--rules", str(OPT_IN)] if accuracy_steps else ["--target", "npu"]
+        for label, rules_file, calibrated in variants:
+            rules = ["--rules", str(rules_file)] if rules_file else ["--target", "npu"]
             out = folder / f"{model.stem}_{len(rows)}.onnx"
             row = {"model": str(model.relative_to(TRAINED)), "variant": label,
                    **fixed(model, out, rules, calibration if calibrated else None, verify)}
@@ -158,6 +158,9 @@ def main() -> None:
     parser.add_argument("--variants", nargs="*", default=[label for label, _, _ in VARIANTS],
                         choices=[label for label, _, _ in VARIANTS],
                         help="which fixes to run (calibrated ones take minutes: the exponent search)")
+    parser.add_argument("--rules", nargs="*", type=Path, default=[],
+                        help="also fix without data with these rule set files (a candidate change, measured "
+                             "beside the shipped one)")
     parser.add_argument("--no-verify", dest="verify", action="store_false",
                         help="skip the fix's own verdict (saves its runs; the verdict column shows -)")
     parser.add_argument("--json", type=Path)
@@ -170,7 +173,8 @@ def main() -> None:
                 continue
             quantized = sorted({p for pattern in args.models for p in TRAINED.glob(pattern)
                                 if p.name.startswith(f"ppocr_{task}_")})
-            variants = [v for v in VARIANTS if v[0] in args.variants]
+            variants = [v for v in VARIANTS if v[0] in args.variants] + [
+                (f"no data, {path.stem}", path, False) for path in args.rules]
             results += [{"task": task, "split": args.split, **row}
                         for row in measure(task, quantized, Path(scratch), variants, args.split, args.verify)]
             if args.json:  # after every task, so a long run keeps what it measured
