@@ -186,8 +186,7 @@ class PerAxisScale(Rule):
     With `power_of_two = true` (a target whose scales are powers of two, the NPU) that scale is
     rounded up to a power of two here, so the per-channel values are rounded once, onto the grid
     QDQ504 would give them; rounded first onto the largest scale, then by QDQ504, PP-OCR's
-    per-channel direction classifier lost 1.6 dB of weight SQNR and 1.2 points of top-1
-    (docs/benchmarks.md).
+    per-channel direction classifier kept 1.6 dB less weight SQNR (docs/benchmarks.md).
     """
 
     code = "QDQ502"
