@@ -16,7 +16,7 @@ boxes pooled, so its difference from Quark's and the mean per-page difference ca
 little. `ci95` is the normal 95 % interval of the mean per-sample difference, in points.
 
     python tests/trained/float/make_float.py                 # the det/rec float models, once
-    /work/scratch/corpus/venv/bin/python tests/trained/data/make_data.py --split bench  # Pillow
+    python tests/trained/data/make_data.py --split bench     # needs Pillow
     python benchmarks/npu_accuracy.py [--split bench] [--tasks cls det rec] [--json results.json]
 
 `--split eval` (the default) uses the committed evaluation sets (64 lines, 32 pages); `--split bench`
