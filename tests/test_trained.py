@@ -11,6 +11,8 @@ skipped with the command that brings them back.
 
 from __future__ import annotations
 
+import hashlib
+import json
 import sys
 from pathlib import Path
 
@@ -83,6 +85,24 @@ def test_components_are_four_connected() -> None:
     labels = tasks.components(mask)
     assert len(np.unique(labels[mask])) == 3
     assert labels[3, 1] == labels[4, 4]
+
+
+def test_bench_files_are_read_only_as_their_manifest_records_them(tmp_path: Path, monkeypatch) -> None:
+    """The bench split is not committed: a file made again with another Pillow or font, or missing, must not
+    be scored as if it were the set the documented figures were measured on."""
+    (tmp_path / "bench").mkdir()
+    truth = tmp_path / "bench" / "cls_bench_truth.json"
+    truth.write_text("[0, 1]\n")
+    manifest = tmp_path / "bench_manifest.json"
+    manifest.write_text(json.dumps({truth.name: hashlib.sha256(truth.read_bytes()).hexdigest()}))
+    monkeypatch.setattr(tasks, "DATA", tmp_path)
+    monkeypatch.setattr(tasks, "BENCH_MANIFEST", manifest)
+    assert tasks.truth("cls", "bench") == [0, 1]
+    truth.write_text("[1, 1]\n")
+    with pytest.raises(ValueError, match="differs from bench_manifest.json"):
+        tasks.truth("cls", "bench")
+    with pytest.raises(FileNotFoundError, match="make_data.py --split bench"):
+        tasks.inputs("cls", "bench")
 
 
 @pytest.mark.parametrize("file", FLOAT_FLOORS)

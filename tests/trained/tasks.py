@@ -4,7 +4,8 @@
 with default session options (or, with `optimized=False`, without graph optimisations: the
 arithmetic TensorRT and the NPU stand for, without onnxruntime's fused integer kernels) on
 `data/TASK_eval.npz` and scores it against
-`data/TASK_eval_truth.json`:
+`data/TASK_eval_truth.json` (with `split="bench"`, on the larger sets `data/make_data.py --split
+bench` writes to `data/bench/`, checked against `data/bench_manifest.json` as they are read):
 
 - rec: CTC greedy decoding (arg-max per step, repeats merged, blank 0 dropped) with the
   recognizer's dictionary (index 0 blank, then `ppocr_keys.txt`, then a space, as RapidOCR
@@ -21,6 +22,7 @@ Needs only numpy and onnxruntime, so tests and benchmarks can both import it.
 
 from __future__ import annotations
 
+import hashlib
 import json
 from pathlib import Path
 
@@ -28,13 +30,27 @@ import numpy as np
 import onnxruntime
 
 DATA = Path(__file__).resolve().parent / "data"
+BENCH_MANIFEST = DATA / "bench_manifest.json"
 TASKS = ("rec", "det", "cls", "magika")
 BATCH = 8
 
 
+def data_file(name: str, split: str) -> Path:
+    """A data file of SPLIT; a bench file only as the manifest records it, since it is not committed."""
+    if split != "bench":
+        return DATA / name
+    path = DATA / "bench" / name
+    if not path.exists():
+        raise FileNotFoundError(f"{path} is missing: run tests/trained/data/make_data.py --split bench")
+    recorded = json.loads(BENCH_MANIFEST.read_text()).get(name)
+    if hashlib.sha256(path.read_bytes()).hexdigest() != recorded:
+        raise ValueError(f"{path} differs from {BENCH_MANIFEST.name}: make it again with make_data.py --split bench")
+    return path
+
+
 def inputs(task: str, split: str = "eval") -> dict[str, np.ndarray]:
     """The task's inputs by graph input name, with a leading sample axis."""
-    with np.load(DATA / f"{task}_{split}.npz") as arrays:
+    with np.load(data_file(f"{task}_{split}.npz", split)) as arrays:
         return {name: arrays[name] for name in arrays.files}
 
 
@@ -45,8 +61,8 @@ def samples(task: str, split: str = "eval") -> list[dict[str, np.ndarray]]:
     return [{name: array[i:i + 1] for name, array in arrays.items()} for i in range(count)]
 
 
-def truth(task: str) -> list:
-    return json.loads((DATA / f"{task}_eval_truth.json").read_text())
+def truth(task: str, split: str = "eval") -> list:
+    return json.loads(data_file(f"{task}_{split}_truth.json", split).read_text())
 
 
 def run(model_path: str | Path, feeds: dict[str, np.ndarray], optimized: bool = True) -> np.ndarray:
@@ -148,16 +164,16 @@ def top1(outputs: np.ndarray, expected: list) -> dict:
     return {"top1": float(np.mean(outputs.argmax(axis=-1) == np.asarray(expected)))}
 
 
-def metric(model_path: str | Path, task: str, optimized: bool = True) -> dict:
+def metric(model_path: str | Path, task: str, optimized: bool = True, split: str = "eval") -> dict:
     """The task metric of MODEL_PATH on TASK's evaluation set (see the module docstring)."""
-    return figures(run(model_path, inputs(task), optimized), task)
+    return figures(run(model_path, inputs(task, split), optimized), task, split)
 
 
-def figures(outputs: np.ndarray, task: str) -> dict:
-    """The task metric of a model's outputs on TASK's evaluation set."""
+def figures(outputs: np.ndarray, task: str, split: str = "eval") -> dict:
+    """The task metric of a model's outputs on TASK's evaluation set (or SPLIT's)."""
     if task not in TASKS:
         raise ValueError(f"unknown task {task!r}; expected one of {', '.join(TASKS)}")
-    expected = _expected(task)
+    expected = _expected(task, split)
     if task == "rec":
         return recognition(outputs, expected)
     if task == "det":
@@ -165,10 +181,10 @@ def figures(outputs: np.ndarray, task: str) -> dict:
     return top1(outputs, expected)
 
 
-def per_sample(outputs: np.ndarray, task: str) -> np.ndarray:
+def per_sample(outputs: np.ndarray, task: str, split: str = "eval") -> np.ndarray:
     """Each sample's score, so two models can be compared sample by sample (benchmarks/verdict.py's sign
     test): 1 or 0 for a string or class right or wrong, a page's own F1 for the detector."""
-    expected = _expected(task)
+    expected = _expected(task, split)
     if task == "rec":
         return np.array([t == e for t, e in zip(ctc_decode(outputs, alphabet()), expected)], float)
     if task == "det":
@@ -176,9 +192,9 @@ def per_sample(outputs: np.ndarray, task: str) -> np.ndarray:
     return (outputs.argmax(axis=-1) == np.asarray(expected)).astype(float)
 
 
-def _expected(task: str) -> list:
+def _expected(task: str, split: str = "eval") -> list:
     """The ground truth as the scores compare it: magika's labels as the indices of its output."""
-    expected = truth(task)
+    expected = truth(task, split)
     if task == "magika":
         labels = json.loads((DATA / "magika_labels.json").read_text())
         return [labels.index(entry["label"]) for entry in expected]

@@ -6,6 +6,12 @@ model is meant to see it (one array per graph input, leading sample axis: usable
 correct model answers. Calibration and evaluation come from different seeds (and, for magika,
 different files).
 
+`--split bench` writes larger evaluation sets for rec, cls and det (a third seed, the same
+rendering) into `bench/`, which is not committed: 64 samples resolve no better than 1.6 points,
+and issue 35 compares conversions to within one. The sha256 of every file it writes is checked
+against `bench_manifest.json` (committed), so a regenerated set is the set the figures in
+docs/benchmarks.md were measured on; `--record` writes the manifest instead.
+
 - rec: one line of 4–12 letters/digits from the recognizer's dictionary, rendered with PIL in a
   DejaVu font on a tinted background, blurred and JPEG-compressed, then prepared as RapidOCR
   does (BGR, height 48, width by aspect ratio up to 320, (x/255 − 0.5)/0.5, zero padding right).
@@ -16,7 +22,8 @@ different files).
   headers, libraries, CSVs and .proto files (BSD-3 / Apache-2.0), this repository's docs, and
   images, PDFs and archives that PIL, zipfile and gzip write here from rendered text.
 
-    /work/scratch/corpus/venv/bin/python tests/trained/data/make_data.py   # Pillow + numpy
+    /work/scratch/corpus/venv/bin/python tests/trained/data/make_data.py                 # Pillow + numpy
+    /work/scratch/corpus/venv/bin/python tests/trained/data/make_data.py --split bench   # about a minute
 
 Needs Pillow (not in the project's environment: the .npz files are committed, so tests do not)
 and the DejaVu fonts in /usr/share/fonts/truetype/dejavu.
@@ -24,7 +31,9 @@ and the DejaVu fonts in /usr/share/fonts/truetype/dejavu.
 
 from __future__ import annotations
 
+import argparse
 import gzip
+import hashlib
 import io
 import json
 import zipfile
@@ -37,9 +46,11 @@ HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[2]
 FONTS = [Path("/usr/share/fonts/truetype/dejavu") / name for name in (
     "DejaVuSans.ttf", "DejaVuSans-Bold.ttf", "DejaVuSerif.ttf", "DejaVuSansMono.ttf", "DejaVuSansCondensed.ttf")]
-SEEDS = {"calib": 1, "eval": 2}
-COUNTS = {"rec": {"calib": 16, "eval": 64}, "cls": {"calib": 16, "eval": 64},
-          "det": {"calib": 16, "eval": 32}, "magika": {"calib": 16, "eval": 60}}
+SEEDS = {"calib": 1, "eval": 2, "bench": 3}
+COUNTS = {"rec": {"calib": 16, "eval": 64, "bench": 256}, "cls": {"calib": 16, "eval": 64, "bench": 512},
+          "det": {"calib": 16, "eval": 32, "bench": 256}, "magika": {"calib": 16, "eval": 60}}
+BENCH = HERE / "bench"
+BENCH_MANIFEST = HERE / "bench_manifest.json"
 
 # The recognizer's dictionary holds these ASCII characters; text is drawn from them only.
 KEYS = (HERE / "ppocr_keys.txt").read_text(encoding="utf-8").splitlines()
@@ -200,14 +211,46 @@ def magika_set(rng: np.random.Generator, count: int, split: str) -> tuple[dict, 
 MAKERS = {"rec": rec_set, "cls": cls_set, "det": det_set, "magika": magika_set}
 
 
+def write(task: str, split: str, folder: Path) -> list[Path]:
+    """TASK's SPLIT into FOLDER: the inputs, and for an evaluation split the truth."""
+    inputs, truth = MAKERS[task](np.random.default_rng(SEEDS[split]), COUNTS[task][split], split)
+    written = [folder / f"{task}_{split}.npz"]
+    np.savez_compressed(written[0], **inputs)
+    if split != "calib":
+        written.append(folder / f"{task}_{split}_truth.json")
+        written[1].write_text(json.dumps(truth, indent=0) + "\n")
+    print(task, split, {k: v.shape for k, v in inputs.items()})
+    return written
+
+
+def bench(record: bool) -> None:
+    """The bench split, checked against (or, with RECORD, written to) the manifest."""
+    BENCH.mkdir(exist_ok=True)
+    digests = {p.name: hashlib.sha256(p.read_bytes()).hexdigest()
+               for task in COUNTS if "bench" in COUNTS[task] for p in write(task, "bench", BENCH)}
+    if record:
+        BENCH_MANIFEST.write_text(json.dumps(digests, indent=1, sort_keys=True) + "\n")
+        return
+    recorded = json.loads(BENCH_MANIFEST.read_text())
+    differ = sorted(name for name in recorded.keys() | digests.keys() if recorded.get(name) != digests.get(name))
+    if differ:
+        raise SystemExit(f"bench files differ from {BENCH_MANIFEST.name}: {', '.join(differ)} "
+                         "(another Pillow or font version renders other pixels)")
+    print(f"bench: {len(digests)} files match {BENCH_MANIFEST.name}")
+
+
 def main() -> None:
-    for task, make in MAKERS.items():
-        for split, seed in SEEDS.items():
-            inputs, truth = make(np.random.default_rng(seed), COUNTS[task][split], split)
-            np.savez_compressed(HERE / f"{task}_{split}.npz", **inputs)
-            if split == "eval":
-                (HERE / f"{task}_eval_truth.json").write_text(json.dumps(truth, indent=0) + "\n")
-            print(task, split, {k: v.shape for k, v in inputs.items()})
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--split", choices=["committed", "bench"], default="committed",
+                        help="committed: the calib and eval sets next to this script; bench: the larger evaluation sets")
+    parser.add_argument("--record", action="store_true", help="with --split bench: write the manifest")
+    args = parser.parse_args()
+    if args.split == "bench":
+        bench(args.record)
+        return
+    for task in MAKERS:
+        for split in ("calib", "eval"):
+            write(task, split, HERE)
 
 
 if __name__ == "__main__":
