@@ -23,8 +23,8 @@ them all with `--json`.
 
 `--table` prints a results file as docs/benchmarks.md shows it: the counts, then one row per file
 and target with the task metric and the verdict, every disagreement between them and every
-broken invariant. With `--merge OLD` the --json file also holds OLD's rows of the files and
-targets this run does not make.
+broken invariant. With `--merge OLD` the --json file starts as OLD's rows, each replaced as this
+run makes it again (an interrupted run leaves the older rows of what it did not reach).
 """
 
 from __future__ import annotations
@@ -215,19 +215,16 @@ def main() -> None:
     parser.add_argument("--only", default="", help="only files whose folder/name contains this")
     parser.add_argument("--targets", default=",".join(TARGETS), help="comma-separated targets")
     parser.add_argument("--table", type=Path, help="print this results file as Markdown tables and stop")
-    parser.add_argument("--merge", type=Path, help="a results file whose rows this run does not make are kept")
+    parser.add_argument("--merge", type=Path, help="start from this results file's rows, replacing each as it is made again")
     args = parser.parse_args()
     if args.table:
         results = json.loads(args.table.read_text())
         print(summary(results) + "\n\n" + table(results))
         return
-    targets = args.targets.split(",")
-    planned = {(f"{folder}/{entry['file']}", target) for folder, entry in quantized_files(args.only) for target in targets}
-    results = [r for r in json.loads(args.merge.read_text()) if (r["file"], r["target"]) not in planned] \
-        if args.merge else []
+    results = json.loads(args.merge.read_text()) if args.merge else []
     order = {f"{folder}/{entry['file']}": i for i, (folder, entry) in enumerate(quantized_files(""))}
-    for row in rows(args.only, targets):
-        results.append(row)
+    for row in rows(args.only, args.targets.split(",")):
+        results = [r for r in results if (r["file"], r["target"]) != (row["file"], row["target"])] + [row]
         print(json.dumps(row), flush=True)
         if args.json:  # a file's rows together, in the order they are run
             results.sort(key=lambda r: (order.get(r["file"], len(order)), TARGETS.index(r["target"])))
