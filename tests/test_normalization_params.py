@@ -8,14 +8,14 @@ that detector, and the ort rule set asked for the int8 scale to become uint8.
 
 from __future__ import annotations
 
+import npu_constraints
 import numpy as np
-import onnx
 from builders import GraphBuilder
 from conftest import findings_of
 
 from qdq.engine.fix import fix
 from qdq.engine.ruleset import load_target
-from qdq.graph.model import load_model
+from qdq.graph.model import load_model, save_model
 
 C = 4
 X_SCALE, GAMMA_SCALE = 0.05, 0.01
@@ -35,11 +35,14 @@ def quantized_batchnorm(tmp_path):
     return load_model(b.save(tmp_path / "bn.onnx"))
 
 
-def test_npu_accepts_the_int32_bias_and_fixes_to_clean(tmp_path):
+def test_npu_accepts_the_int32_bias_and_puts_it_at_input_times_scale(tmp_path):
+    """QDQ504 leaves int32 biases to QDQ606, so QDQ606 must know the normalization's: its scale becomes a power of two."""
     model = quantized_batchnorm(tmp_path)
     assert not findings_of(model, "QDQ501", "npu")
     result = fix(model, load_target("npu"))
     assert not [f for f in result.result.findings if f.code == "QDQ501"]
+    save_model(result.model, tmp_path / "npu.onnx")
+    assert npu_constraints.check(tmp_path / "npu.onnx") == []
 
 
 def test_trt_takes_both_parameters_in_float(tmp_path):
