@@ -12,15 +12,19 @@ model, the quantized input and the candidate fix wrote, the last two in the targ
 onnxruntime's default optimisations for ort (its fused integer kernels), none for npu and trt
 (onnxruntime's fused u8 × s8 kernels saturate on CPUs without VNNI, which TensorRT does not). No
 `--calibrate`: with it, the npu target's greedy position search costs up to 200 fixes and
-200 × 16 runs, over 15 minutes on the detector. It prints one JSON row per file and target as it
-goes, and writes them all with `--json`.
+200 × 16 runs, over 15 minutes on the detector. The candidate is compared with the input and with
+the float model sample by sample (`paired`, `paired_float`: samples it scores worse and better, the
+sign test's p), so that whether it loses the task is judged by benchmarks/significance.py, the rule
+benchmarks/verdict.py judges by. It prints one JSON row per file and target as it goes, and writes
+them all with `--json`.
 
-    python benchmarks/trained.py [--json results.json] [--only SUBSTRING] [--targets npu,trt,ort]
+    python benchmarks/trained.py [--json results.json] [--only SUBSTRING] [--targets npu,trt,ort] [--merge OLD]
     python benchmarks/trained.py --table results.json
 
 `--table` prints a results file as docs/benchmarks.md shows it: the counts, then one row per file
 and target with the task metric and the verdict, every disagreement between them and every
-broken invariant.
+broken invariant. With `--merge OLD` the --json file starts as OLD's rows, each replaced as this
+run makes it again (an interrupted run leaves the older rows of what it did not reach).
 """
 
 from __future__ import annotations
@@ -31,15 +35,19 @@ import sys
 import tempfile
 from pathlib import Path
 
+import numpy as np
+
 REPO = Path(__file__).resolve().parent.parent
 TRAINED = REPO / "tests" / "trained"
-sys.path[:0] = [str(REPO), str(REPO / "tests"), str(TRAINED)]
+sys.path[:0] = [str(REPO), str(REPO / "tests"), str(TRAINED), str(REPO / "benchmarks")]
 import conformance  # noqa: E402
 import tasks  # noqa: E402
+from significance import outcome, paired  # noqa: E402
 
 TARGETS = ("npu", "trt", "ort")
 FOLDERS = ("ort", "nncf", "quark", "modelopt")
-# A fix keeps the task when its headline figure drops by at most this much against the input's.
+# A fix keeps the task when its headline figure drops by at most this much against the input's
+# (benchmarks/significance.py: a larger drop is a loss when the sign test says it is no chance).
 KEEP = 0.02
 
 
@@ -66,7 +74,7 @@ def rows(only: str, targets: list[str]):
         task, model = entry["task"], TRAINED / folder / entry["file"]
         float_path = TRAINED / folder / entry["float"]
         if entry["float"] not in float_metric:
-            float_metric[entry["float"]] = tasks.metric(float_path, task) if float_path.exists() else None
+            float_metric[entry["float"]] = measured(float_path, task, True) if float_path.exists() else (None, None)
         input_metric = {}
         for target in targets:
             optimized = target == "ort"  # the target's arithmetic: fused integer kernels only on onnxruntime CPU
@@ -75,18 +83,28 @@ def rows(only: str, targets: list[str]):
             with tempfile.TemporaryDirectory() as scratch:
                 cell = conformance.run(model, target, Path(scratch), TRAINED / "data" / f"{task}_eval.npz")
                 out = Path(scratch) / "fixed.onnx"
-                fixed = measured(out, task, optimized) if out.exists() else None
-            yield {"file": f"{folder}/{entry['file']}", "task": task, "float": float_metric[entry["float"]],
-                   "input": input_metric[optimized], "metric_runtime": "default" if optimized else "no optimisations",
-                   **cell, "fixed": fixed}
+                fixed, scores = measured(out, task, optimized) if out.exists() else (None, None)
+            (floats, float_scores), (inputs, input_scores) = float_metric[entry["float"]], input_metric[optimized]
+            yield {"file": f"{folder}/{entry['file']}", "task": task, "float": floats,
+                   "input": inputs, "metric_runtime": "default" if optimized else "no optimisations",
+                   **cell, "fixed": fixed,
+                   **pairs(scores, ("paired", input_scores), ("paired_float", float_scores))}
 
 
-def measured(model: Path, task: str, optimized: bool) -> dict:
-    """The task metric, or why onnxruntime cannot compute it (a file it refuses is still linted and fixed)."""
+def measured(model: Path, task: str, optimized: bool) -> tuple[dict, np.ndarray | None]:
+    """The task metric and each sample's score, or why onnxruntime cannot compute them (a file it
+    refuses is still linted and fixed)."""
     try:
-        return tasks.metric(model, task, optimized)
+        outputs = tasks.run(model, tasks.inputs(task), optimized)
     except Exception as error:  # noqa: BLE001 - onnxruntime's word is the result
-        return {"error": str(error).splitlines()[0][:160]}
+        return {"error": str(error).splitlines()[0][:160]}, None
+    return tasks.figures(outputs, task), tasks.per_sample(outputs, task)
+
+
+def pairs(scores, *against) -> dict:
+    """The candidate's per-sample scores paired with each reference's that was measured."""
+    return {key: paired(reference, scores, KEEP) for key, reference in against
+            if scores is not None and reference is not None}
 
 
 def judged(r: dict, key: str) -> str:
@@ -111,17 +129,37 @@ def shown(value: float | None) -> str:
     return "—" if value is None else f"{value:.3f}"
 
 
+def task_outcome(r: dict) -> str | None:
+    """`lost`, `kept` or `unclear` (benchmarks/significance.py) for the candidate against the input;
+    `unpaired` for a loss past KEEP in a row measured before rows were paired sample by sample."""
+    before, after = figure(r, "input"), figure(r, "fixed")
+    if before is None or after is None:
+        return None
+    if "paired" not in r:
+        return "kept" if before - after <= KEEP or before == 0 else "unpaired"
+    return outcome({"input": before, "fixed": after, "keep": KEEP, "p": r["paired"]["p"]})
+
+
 def disagreement(r: dict, key: str) -> str:
-    """How a verdict contradicts the task: a pass that loses more than KEEP, a refusal that keeps it.
-    An input that already scores 0 has no task left to keep (the uint8 recognizers)."""
-    verdict, before, after = r.get(key), figure(r, "input"), figure(r, "fixed")
-    if not verdict or not before or after is None:
+    """How a verdict contradicts the task: a pass of a candidate that loses it, a refusal of one that
+    keeps it; a pass of a loss too few samples show (unclear) is named but is no disagreement."""
+    verdict, task = r.get(key), task_outcome(r)
+    if not verdict or task is None:
         return ""
-    if verdict["passed"] and after < before - KEEP:
-        return f"passes, loses {100 * (before - after):.1f} points"
-    if not verdict["passed"] and verdict["evidence"] and after >= before - KEEP:
+    loss = 100 * (figure(r, "input") - figure(r, "fixed"))
+    flips = f"{r['paired']['worse']} worse, {r['paired']['better']} better, p {r['paired']['p']:.2g}" \
+        if "paired" in r else "not paired"
+    if verdict["passed"] and task == "lost":
+        return f"passes, loses {loss:.1f} points ({flips})"
+    if not verdict["passed"] and verdict["evidence"] and task == "kept":
         return "refuses, keeps the task"
+    if verdict["passed"] and task in ("unclear", "unpaired"):
+        return f"(passes, loses {loss:.1f} points: {flips})"
     return ""
+
+
+def disagrees(r: dict, key: str) -> bool:
+    return bool(disagreement(r, key)) and not disagreement(r, key).startswith("(")
 
 
 def table(results: list[dict]) -> str:
@@ -151,7 +189,7 @@ def summary(results: list[dict]) -> str:
     """The counts the tables' reader wants first: runs, broken invariants, verdict against task."""
     written = [r for r in results if r.get("written")]
     judged_runs = [(r, key) for r in written for key in ("verdict_random", "verdict_eval") if r.get(key)]
-    disagreements = [(r, key) for r, key in judged_runs if disagreement(r, key)]
+    disagreements = [(r, key) for r, key in judged_runs if disagrees(r, key)]
     per_target = ", ".join(f"{t} {sum(r['target'] == t for r in results)}" for t in TARGETS)
     lines = [f"- {len(results)} runs ({per_target}) on {len({r['file'] for r in results})} files; "
              f"{sum(bool(r['violations']) for r in results)} break an invariant; exit 2 on "
@@ -165,9 +203,11 @@ def summary(results: list[dict]) -> str:
         passes = sum(r[key]["passed"] for r in runs)
         evidence = sum(not r[key]["evidence"] for r in runs)
         against = sum(k == key for _, k in disagreements)
+        unclear = sum(r[key]["passed"] and task_outcome(r) in ("unclear", "unpaired") for r in runs)
         lines.append(f"- On {label}: {len(runs)} verdicts, {passes} pass, {evidence} without evidence, "
-                     f"{against} disagree with the task (a pass losing over {100 * KEEP:.0f} points or a "
-                     f"refusal keeping the task).")
+                     f"{against} disagree with the task (a pass of a candidate losing it: over "
+                     f"{100 * KEEP:.0f} points and sign test p < 0.05; or a refusal keeping it); {unclear} "
+                     f"pass a loss over {100 * KEEP:.0f} points too few samples show.")
     return "\n".join(lines)
 
 
@@ -177,16 +217,19 @@ def main() -> None:
     parser.add_argument("--only", default="", help="only files whose folder/name contains this")
     parser.add_argument("--targets", default=",".join(TARGETS), help="comma-separated targets")
     parser.add_argument("--table", type=Path, help="print this results file as Markdown tables and stop")
+    parser.add_argument("--merge", type=Path, help="start from this results file's rows, replacing each as it is made again")
     args = parser.parse_args()
     if args.table:
         results = json.loads(args.table.read_text())
         print(summary(results) + "\n\n" + table(results))
         return
-    results = []
+    results = json.loads(args.merge.read_text()) if args.merge else []
+    order = {f"{folder}/{entry['file']}": i for i, (folder, entry) in enumerate(quantized_files(""))}
     for row in rows(args.only, args.targets.split(",")):
-        results.append(row)
+        results = [r for r in results if (r["file"], r["target"]) != (row["file"], row["target"])] + [row]
         print(json.dumps(row), flush=True)
-        if args.json:
+        if args.json:  # a file's rows together, in the order they are run
+            results.sort(key=lambda r: (order.get(r["file"], len(order)), TARGETS.index(r["target"])))
             args.json.write_text(json.dumps(results, indent=1) + "\n")
 
 

@@ -53,42 +53,16 @@ from qdq.engine.registry import claims_exact  # noqa: E402
 from qdq.engine.ruleset import load_target  # noqa: E402
 from qdq.support.runtime import session as new_session  # noqa: E402
 from qdq.verification.verdict import Criterion, judge  # noqa: E402
+from significance import outcome, paired  # noqa: E402
 
 ARCHITECTURES = ("resnet", "mobilenetv2", "yolo", "transformer")
 # Points of digits top-1 (360 samples) a fix may lose and still keep the task; the trained corpus's
 # headline figures (32-64 samples) may lose benchmarks/trained.py's KEEP.
 DIGITS_KEEP_POINTS = 1.0
-# A loss is the fix's, not chance, when the sign test puts the flips' imbalance below this.
-ALPHA = 0.05
 DEEP_MARGINS = (0.41, 0.75, 1.0, 1.25, 1.5, 2.0, 3.0, 4.0, math.inf)
 DEEP_EPSILONS = (0.03, 0.05, 0.1, 0.2)
 MARGINS = (0.25, 0.41, 0.75, 1.0, 1.5)
 EPSILONS = (0.01, 0.03, 0.05)
-
-
-def sign_test(worse: int, better: int) -> float:
-    """Two-sided exact sign (binomial) test: the chance of flips at least this one-sided if each flip went
-    either way with probability 1/2. Samples both models score alike say nothing about which is better."""
-    flips = worse + better
-    tail = sum(math.comb(flips, k) for k in range(min(worse, better) + 1)) / 2 ** flips
-    return min(1.0, 2 * tail)
-
-
-def paired(before: np.ndarray, after: np.ndarray, keep: float) -> dict:
-    """The task of input and fixed model on the same samples (per-sample scores in [0, 1]), in points."""
-    worse, better = int(np.sum(after < before)), int(np.sum(after > before))
-    return {"samples": len(before), "worse": worse, "better": better, "p": _kept(sign_test(worse, better)),
-            "keep": keep}
-
-
-def outcome(task: dict) -> str:
-    """`lost` when the fix loses more than `keep` points and the sign test says it is no chance; `kept`
-    when it loses at most `keep`; `unclear` when it loses more on too few flips to tell (2 of 64 text
-    lines: p = 0.5). An input that already scores 0 has no task left to lose."""
-    loss = task["input"] - task["fixed"]
-    if loss <= task["keep"] or task["input"] == 0:
-        return "kept"
-    return "lost" if task["p"] < ALPHA else "unclear"
 
 
 def judged_rows(result) -> dict:

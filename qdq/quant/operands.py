@@ -15,9 +15,12 @@ from qdq.graph import ir
 from qdq.quant import pow2
 from qdq.quant.index import DEQUANTIZE, PER_TENSOR, QuantIndex, QTensor
 
-# Which inputs of an op hold its weight and bias (ONNX semantics, not target knowledge).
-WEIGHT_INPUT = {"Conv": 1, "ConvTranspose": 1, "Gemm": 1, "MatMul": 1}
-BIAS_INPUT = {"Conv": 2, "ConvTranspose": 2, "Gemm": 2}
+# Which inputs of an op hold its weight and bias (ONNX semantics, not target knowledge). A
+# normalization's scale and B are its weight and bias: onnxruntime's quantizer stores them as an
+# int8 weight and an int32 bias at input × scale, which are not activations of any target.
+_NORMALIZATIONS = ("BatchNormalization", "InstanceNormalization", "LayerNormalization")
+WEIGHT_INPUT = {"Conv": 1, "ConvTranspose": 1, "Gemm": 1, "MatMul": 1} | dict.fromkeys(_NORMALIZATIONS, 1)
+BIAS_INPUT = {"Conv": 2, "ConvTranspose": 2, "Gemm": 2} | dict.fromkeys(_NORMALIZATIONS, 2)
 
 ACTIVATION, WEIGHT, BIAS = "activation", "weight", "bias"
 
