@@ -41,7 +41,7 @@ TRAINED = REPO / "tests" / "trained"
 sys.path[:0] = [str(REPO), str(TRAINED), str(REPO / "benchmarks")]
 
 import tasks  # noqa: E402
-from verdict import sign_test  # noqa: E402
+from significance import sign_test  # noqa: E402
 
 from qdq.cli import main as qdq  # noqa: E402
 

@@ -19,7 +19,6 @@ import tempfile
 import time
 from pathlib import Path
 
-import numpy as np
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "examples"))
