@@ -124,7 +124,8 @@ def test_a_large_fix_is_verified_beside_onnxruntimes_load_with_the_same_outcome(
                         typed.append(m) or real(m))
     in_process = fixed("in_process")
     monkeypatch.setattr(checker_process, "SESSION_MIN_NODES", 0)
-    monkeypatch.setattr(checker_process, "MIN_NODES", 0)  # the checks and the verdict's shape inference too
+    monkeypatch.setattr(checker_process, "MIN_NODES", 0)  # the checks too
+    monkeypatch.setattr(checker_process, "TYPES_MIN_NODES", 0)  # and the verdict's shape inference
     beside = fixed("beside")
     assert len(started) == 1 and len(typed) == 1
     assert beside == in_process
@@ -141,9 +142,9 @@ def test_the_types_child_infers_the_element_types_inference_gives_in_process(cas
 
     model = onnx.load(CORPUS / CASES[case])
     with start_element_types(model) as typing:
-        assert typing is None  # corpus files are far below MIN_NODES
+        assert typing is None  # corpus files are far below TYPES_MIN_NODES
         in_process = element_types(model, typing)
-    monkeypatch.setattr(checker_process, "MIN_NODES", 0)
+    monkeypatch.setattr(checker_process, "TYPES_MIN_NODES", 0)
     with start_element_types(model) as typing:
         assert isinstance(typing, checker_process.TypesProcess)
         beside = element_types(model, typing)
@@ -157,7 +158,7 @@ def test_a_types_child_that_fails_leaves_the_inference_to_this_process(monkeypat
 
     model = onnx.load(CORPUS / CASES["plain"])
     expected = element_types(model)
-    monkeypatch.setattr(checker_process, "MIN_NODES", 0)
+    monkeypatch.setattr(checker_process, "TYPES_MIN_NODES", 0)
     monkeypatch.setattr(checker_process.sys, "executable", "/bin/false")  # starts, and exits 1
     with start_element_types(model) as typing:
         assert typing.element_types("reading") is None
