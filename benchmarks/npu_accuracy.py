@@ -9,7 +9,7 @@ XINT8 of the same float model, with each model's relative L2 distance from the f
 outputs and the fix's own verdict (random inputs).
 
 Every model is compared with Quark's on the same samples: the samples it scores below and above
-Quark's, and the two-sided exact sign test on those (benchmarks/verdict.py's), so "within a point
+Quark's, and the two-sided exact sign test on those (benchmarks/significance.py's), so "within a point
 of Quark" and "below Quark" come with a p-value. A sample is a line (right or wrong) for cls and
 rec and a page for det, scored by that page's own F1; the det metric itself is the F1 of all
 boxes pooled, so its difference from Quark's and the mean per-page difference can disagree a

@@ -21,6 +21,7 @@ import tempfile
 import time
 from importlib.util import find_spec
 from pathlib import Path
+from typing import Callable
 
 import onnx
 
@@ -49,6 +50,13 @@ class _Child:
 
     def __enter__(self):
         return self
+
+    def _wait(self, doing: str) -> int:
+        """The child's exit code, once it ends; meanwhile `doing` on the progress line."""
+        while self._child.poll() is None:
+            progress.step(doing)
+            time.sleep(0.25)
+        return self._child.returncode
 
     def __exit__(self, *exc) -> None:
         """End the child if it still runs (the caller stopped waiting for its answer)."""
@@ -84,10 +92,7 @@ class SessionProcess(_Child):
 
     def accepted(self, doing: str) -> bool:
         """Wait, with `doing` on the progress line; True when onnxruntime built the session."""
-        while self._child.poll() is None:
-            progress.step(doing)
-            time.sleep(0.25)
-        return self._child.returncode == 0
+        return self._wait(doing) == 0
 
 
 class TypesProcess(_Child):
@@ -95,11 +100,14 @@ class TypesProcess(_Child):
     which writes each typed tensor's element type to a JSON file; both files live in a folder of its own."""
 
     def __init__(self, model: onnx.ModelProto):
+        """`model` is written without its weights' data, which inference does not read."""
+        light = without_weight_data(model)
+        progress.tick()  # the copy takes about a second at 100k nodes, as does writing it
         self._folder = tempfile.TemporaryDirectory(prefix="qdq-types-")
         path, self._types = Path(self._folder.name) / "model.onnx", Path(self._folder.name) / "types.json"
-        path.write_bytes(model.SerializeToString())
         script = find_spec("qdq.graph.element_types").origin
         try:
+            path.write_bytes(light.SerializeToString())
             super().__init__([sys.executable, "-c", _RUN_SCRIPT, script, str(path), str(self._types)])
         except OSError:
             self._folder.cleanup()
@@ -107,10 +115,7 @@ class TypesProcess(_Child):
 
     def element_types(self, doing: str) -> dict[str, int] | None:
         """Wait, with `doing` on the progress line; None when the inference failed."""
-        while self._child.poll() is None:
-            progress.step(doing)
-            time.sleep(0.25)
-        return json.loads(self._types.read_text()) if self._child.returncode == 0 else None
+        return json.loads(self._types.read_text()) if self._wait(doing) == 0 else None
 
     def __exit__(self, *exc) -> None:
         super().__exit__(*exc)
@@ -118,37 +123,31 @@ class TypesProcess(_Child):
 
 
 def start_types(model: onnx.ModelProto) -> TypesProcess | None:
-    """A child inferring the element types of `model`'s tensors (from a copy without the weights' data) when
-    the model is large and a second core can run it; else None (the caller infers them itself, as it does
-    again when the child failed, where a failure has its message)."""
-    if not _child_pays(len(model.graph.node), TYPES_MIN_NODES):
-        return None
-    try:
-        light = without_weight_data(model)
-        progress.tick()  # the copy takes about a second at 100k nodes, as does writing it
-        return TypesProcess(light)
-    except OSError:
-        return None
+    """A child inferring the element types of `model`'s tensors when the model is large and a second core can
+    run it; else None (the caller infers them itself, as it does again when the child failed, where a
+    failure has its message)."""
+    return _start(len(model.graph.node), TYPES_MIN_NODES, lambda: TypesProcess(model))
 
 
 def start_session(path: Path, nodes: int) -> SessionProcess | None:
     """A child building onnxruntime's session of `path` when the model is large and a second core can run
     it; else None (the caller builds the session itself)."""
-    if not _child_pays(nodes, SESSION_MIN_NODES):
-        return None
-    try:
-        return SessionProcess(path)
-    except OSError:
-        return None
+    return _start(nodes, SESSION_MIN_NODES, lambda: SessionProcess(path))
 
 
 def start_checker(path: Path, nodes: int, full_check: bool = False) -> CheckerProcess | None:
     """A child checking `path` when the model is large and a second core can run it; else None."""
-    if not _child_pays(nodes, MIN_NODES):
+    return _start(nodes, MIN_NODES, lambda: CheckerProcess(path, full_check))
+
+
+def _start(nodes: int, threshold: int, child: Callable[[], _Child]):
+    """`child()` when a model of `nodes` nodes is large enough for it to pay; None when it is not, or when no
+    interpreter can be started (an embedded Python, a process limit): the caller then works in process."""
+    if not _child_pays(nodes, threshold):
         return None
     try:
-        return CheckerProcess(path, full_check)
-    except OSError:  # no interpreter to start (an embedded Python, a process limit): check in process
+        return child()
+    except OSError:
         return None
 
 

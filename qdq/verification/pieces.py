@@ -280,11 +280,11 @@ def start_element_types(model: onnx.ModelProto):
     return start_types(model) or nullcontext()
 
 
-def element_types(model: onnx.ModelProto, started=None) -> dict[str, int]:
+def element_types(model: onnx.ModelProto, started: TypesProcess | None = None) -> dict[str, int]:
     """The element type of each tensor onnx's shape inference can tell (none where it fails on the model);
-    `started` the context `start_element_types` gave for it."""
+    `started` what the context `start_element_types` gave for it holds."""
     doing = "reading the model's tensor types"
-    if isinstance(started, TypesProcess):
+    if started is not None:
         types = started.element_types(doing)
         if types is not None:
             return types
