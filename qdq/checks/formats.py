@@ -17,6 +17,7 @@ from qdq.graph import ir
 from qdq.graph.ops import NON_NEGATIVE_OPS, SIGN_KEEPING_OPS, sign_carrying
 from qdq.quant import pow2
 from qdq.quant.dtypes import DEQUANTIZE_ONLY, QuantType, quant_type, type_name
+from qdq.quant.histogram import Histogram
 from qdq.quant.index import PER_AXIS, PER_TENSOR, QUANTIZE, QParams, QTensor, is_uniform
 from qdq.quant.operands import ACTIVATION, BIAS, WEIGHT, WEIGHT_INPUT, output_channel_axis, role
 from qdq.rewrite.insertion import float_type
@@ -474,10 +475,13 @@ class NonPow2Scale(Rule):
     How the fix rounds (parameters `rounding` for activations, `weight_rounding` for weights and
     biases): `ceil` takes the next larger power of two, which never clips a value the old grid
     represented (the reference tool rounds in the log domain and can clip; defect D8);
-    `nearest` rounds log2 to the nearest integer; `min-error` (weights only) tries the ceil
-    position and the four finer ones and keeps the one with the smallest squared error on the
-    weights themselves. Int32 biases are left to QDQ606, which sets them to input × weight
-    scale (`exempt_int32_bias`).
+    `nearest` rounds log2 to the nearest integer; `min-error` tries the ceil position and the
+    four finer ones and keeps the one with the smallest squared error: on a weight's own values,
+    and on an activation's values measured by `qdq fix --calibrate` (a histogram of what the
+    input model's Q reads, from the coarsest position that holds all of them; AMD Quark's MinMSE
+    does the same). Without data an activation's `min-error` is `ceil`: the input's grid is all
+    that is known of its values. Int32 biases are left to QDQ606, which sets them to input ×
+    weight scale (`exempt_int32_bias`).
 
     Example: `Q(x, scale=0.0123)` → `scale=2^-6 = 0.015625` with `ceil`. Approximate; stored
     integers are re-quantized.
@@ -511,9 +515,13 @@ class NonPow2Scale(Rule):
         qt, kind = finding.subject
         params = ctx.index.params(qt.nodes[0])
         method = ctx.params["rounding"] if kind == ACTIVATION else ctx.params["weight_rounding"]
-        if method == "min-error":
-            real = effective_values(ctx, qt)
+        measured = _measured(ctx, qt) if kind == ACTIVATION and method == "min-error" else None
+        if measured is not None and params.granularity == PER_TENSOR:
+            scale, method = _least_error_on_data(*measured, params), "least squared error on the calibration data"
+        elif method == "min-error":
+            real = effective_values(ctx, qt) if kind != ACTIVATION else None
             scale = _min_error_scale(real.astype(np.float64), params) if real is not None else _ceil(params.scale)
+            method = "min-error" if real is not None else "ceil"
         elif method == "nearest":
             scale = np.exp2(np.rint(np.log2(params.scale)))
         else:
@@ -523,6 +531,38 @@ class NonPow2Scale(Rule):
 
 def _ceil(scale: np.ndarray) -> np.ndarray:
     return np.exp2(np.ceil(np.log2(scale)))
+
+
+def _measured(ctx: FixContext, qt: QTensor) -> tuple[Histogram, tuple[float, float]] | None:
+    """The calibration histogram of the values an activation's Q reads, with the bounds of a Clip in
+    between (one QDQ503 put back reads the histogram of the tensor it clips); None without data."""
+    histograms = getattr(ctx.ranges, "histogram", None) or {}
+    value = qt.float_input
+    if value is None:
+        return None
+    producer = value.inputs[0] if value.inputs else None
+    if producer is not None and producer.op == "Clip" and producer.inputs:
+        low, high = clip_bounds(ctx, producer)
+        measured = histograms.get(ctx.names.original(producer.inputs[0].name))
+        if low is not None and high is not None and measured is not None and measured.total:
+            return measured, (low, high)
+    measured = histograms.get(ctx.names.original(value.name))
+    return (measured, (-math.inf, math.inf)) if measured is not None and measured.total else None
+
+
+def _least_error_on_data(measured: Histogram, bounds: tuple[float, float], params: QParams) -> np.ndarray:
+    """The power of two with the least squared error on the measured values (clipped to `bounds`):
+    from the coarsest that holds them all (or the input's, rounded up, if coarser) to four
+    positions finer than the input's; of equal errors, the coarsest."""
+    qtype, zp = params.qtype, float(params.zero_point.ravel()[0])
+    ceil_pos = -math.ceil(math.log2(float(params.scale.ravel()[0])))
+    start = ceil_pos
+    reach = min(qtype.qmax - zp, zp - qtype.qmin)  # grid steps on the short side
+    if reach > 0 and measured.limit:  # the histogram's limit R holds every value; R / reach clips none
+        start = min(start, -math.ceil(math.log2(measured.limit / reach)))
+    errors = {pos: measured.squared_error(2.0**-pos, qtype.qmin, qtype.qmax, zp, bounds)
+              for pos in range(start, ceil_pos + 5)}
+    return np.asarray(2.0 ** -min(errors, key=lambda pos: (errors[pos], pos)))
 
 
 def _min_error_scale(real: np.ndarray, params: QParams) -> np.ndarray:

@@ -3,17 +3,22 @@
 Some placement fixes need a scale that exists nowhere in the graph (a residual branch that was
 never quantized). `qdq fix --calibrate FILE.npz` runs the input model once on those inputs and
 hands the measured (min, max) per tensor to the fixes; without it they report that they need data.
+The values each QuantizeLinear reads are also counted in a histogram, from which QDQ504 chooses an
+activation's power-of-two position by least squared error.
 """
 
 from __future__ import annotations
 
 import logging
 from pathlib import Path
+from typing import Iterable
 
 import numpy as np
 import onnx
 
 from qdq.graph.float_types import FLOAT_TYPES
+from qdq.graph.ops import QUANTIZE
+from qdq.quant.histogram import Histogram
 from qdq.support.errors import QdqError
 
 log = logging.getLogger("qdq")
@@ -22,11 +27,13 @@ log = logging.getLogger("qdq")
 class Measured(dict):
     """(min, max) per tensor name, as a dict; and, for feature maps (rank 3 and more, channels on
     axis 1), each channel's mean (`channel_mean`) and largest |value| (`channel_peak`), which
-    equalization and bias correction (QDQ510, QDQ511) read. A dict, so every fix that reads
-    ranges takes it as it is."""
+    equalization and bias correction (QDQ510, QDQ511) read; and a `histogram` of each tensor named
+    in `quantized` (what a QuantizeLinear reads), which QDQ504 reads. A dict, so every fix that
+    reads ranges takes it as it is."""
 
-    def __init__(self) -> None:
+    def __init__(self, quantized: Iterable[str] = ()) -> None:
         super().__init__()
+        self.histogram: dict[str, Histogram] = {name: Histogram() for name in quantized}
         self.channel_mean: dict[str, np.ndarray] = {}
         self.channel_peak: dict[str, np.ndarray] = {}
         self._sums: dict[str, np.ndarray] = {}
@@ -36,6 +43,8 @@ class Measured(dict):
         low, high = _range(value)
         old = self.get(name, (low, high))
         self[name] = (min(old[0], low), max(old[1], high))
+        if name in self.histogram:
+            self.histogram[name].add(value)
         if value.ndim >= 3 and value.dtype.kind == "f":
             axes = tuple(a for a in range(value.ndim) if a != 1)
             peak = np.abs(value).max(axis=axes).astype(np.float64)
@@ -59,7 +68,7 @@ def tensor_ranges(model_path: Path, *samples: dict[str, np.ndarray]) -> Measured
             value = typed.get(name)
             if value is not None and name not in declared and value.type.tensor_type.elem_type in FLOAT_TYPES:
                 proto.graph.output.append(value)
-    ranges = Measured()
+    ranges = Measured(n.input[0] for n in proto.graph.node if n.op_type == QUANTIZE and n.input and n.input[0])
     try:
         session = new_session(proto.SerializeToString())
         names = [o.name for o in session.get_outputs()]
