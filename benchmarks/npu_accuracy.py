@@ -41,7 +41,7 @@ TRAINED = REPO / "tests" / "trained"
 sys.path[:0] = [str(REPO), str(TRAINED), str(REPO / "benchmarks")]
 
 import tasks  # noqa: E402
-from significance import sign_test  # noqa: E402
+from significance import paired  # noqa: E402
 
 from qdq.cli import main as qdq  # noqa: E402
 
@@ -66,10 +66,10 @@ def distance(reference: np.ndarray, candidate: np.ndarray) -> float:
 
 def against(quark: np.ndarray, scores: np.ndarray) -> dict:
     """A model's per-sample scores against Quark's on the same samples: flips, sign test, mean difference."""
-    worse, better = int(np.sum(scores < quark)), int(np.sum(scores > quark))
+    flips = paired(quark, scores, keep=0.0)
     difference = 100 * (scores - quark)
     half = 1.96 * difference.std(ddof=1) / np.sqrt(len(difference)) if len(difference) > 1 else 0.0
-    return {"worse": worse, "better": better, "p": round(sign_test(worse, better), 4),
+    return {"worse": flips["worse"], "better": flips["better"], "p": round(flips["p"], 4),
             "ci95": [round(float(difference.mean() - half), 2), round(float(difference.mean() + half), 2)]}
 
 

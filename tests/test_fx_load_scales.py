@@ -11,7 +11,6 @@ import warnings
 from pathlib import Path
 
 import numpy as np
-import onnx_graphsurgeon as gs
 import pytest
 from optional import torch_or_skip
 

@@ -11,7 +11,6 @@ from __future__ import annotations
 import math
 
 import numpy as np
-import onnx_graphsurgeon as gs
 import pytest
 from onnx import numpy_helper
 from test_conformance import ENTRIES, Entry

@@ -18,7 +18,6 @@ from pathlib import Path
 import ml_dtypes
 import numpy as np
 import onnx
-import onnx_graphsurgeon as gs
 import pytest
 from builders import GraphBuilder
 from conftest import apply_fix, findings_of, fix_roundtrip, lint_codes, run_ort
