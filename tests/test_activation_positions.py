@@ -19,7 +19,7 @@ from qdq.engine.fix import fix
 from qdq.engine.ruleset import load_rules_file
 from qdq.graph.model import load_model, save_model
 from qdq.quant.calibrate import tensor_ranges
-from qdq.quant.histogram import Histogram
+from qdq.quant.histogram import MAX_BINS, MEMORY, MIN_BINS, Histogram, bins_for
 
 
 
@@ -49,6 +49,14 @@ def test_histogram_error_matches_the_exact_error_after_its_range_doubles():
         # Values clipped first (a Clip(0, 1) before the Q), then quantized.
         exact = exact_error(np.clip(everything, 0, 1), pos)
         assert abs(histogram.squared_error(2.0**-pos, -128, 127, 0, (0, 1)) - exact) <= 0.1 * exact, pos
+
+
+def test_many_histograms_share_a_memory_budget():
+    assert bins_for(1) == MAX_BINS and bins_for(10**7) == MIN_BINS
+    for count in (300, 5000, 30000):
+        bins = bins_for(count)
+        assert bins & (bins - 1) == 0 and (bins * 4 * count <= MEMORY or bins == MIN_BINS)
+        assert bins * 2 * 4 * count > MEMORY or bins == MAX_BINS  # the largest that fits
 
 
 def heavy_tailed_graph(tmp_path, scale: float, one_sided: bool = False):

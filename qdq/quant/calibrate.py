@@ -18,7 +18,7 @@ import onnx
 
 from qdq.graph.float_types import FLOAT_TYPES
 from qdq.graph.ops import QUANTIZE
-from qdq.quant.histogram import Histogram
+from qdq.quant.histogram import Histogram, bins_for
 from qdq.support.errors import QdqError
 
 log = logging.getLogger("qdq")
@@ -33,7 +33,8 @@ class Measured(dict):
 
     def __init__(self, quantized: Iterable[str] = ()) -> None:
         super().__init__()
-        self.histogram: dict[str, Histogram] = {name: Histogram() for name in quantized}
+        quantized = set(quantized)
+        self.histogram: dict[str, Histogram] = {name: Histogram(bins_for(len(quantized))) for name in quantized}
         self.channel_mean: dict[str, np.ndarray] = {}
         self.channel_peak: dict[str, np.ndarray] = {}
         self._sums: dict[str, np.ndarray] = {}

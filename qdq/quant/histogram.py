@@ -18,14 +18,25 @@ import math
 
 import numpy as np
 
-BINS = 1 << 14  # 4 bins per step at the finest grid a position search asks about (R / 2048)
+# 2^14 bins give 4 per step at the finest grid QDQ504 asks about (four positions finer than one
+# that holds R: step R / 2048); a model with many quantizers gets fewer, so that all of its
+# histograms together stay within MEMORY bytes, down to MIN_BINS.
+MAX_BINS, MIN_BINS = 1 << 14, 1 << 10
+MEMORY = 256 << 20
+
+
+def bins_for(count: int) -> int:
+    """The bins each of `count` histograms gets: a power of two in [MIN_BINS, MAX_BINS]."""
+    fits = MEMORY // (np.dtype(np.int32).itemsize * max(count, 1))
+    return int(min(MAX_BINS, max(MIN_BINS, 1 << (int(fits).bit_length() - 1))))
 
 
 class Histogram:
-    """Counts of a tensor's non-zero finite values over [-R, R] in `BINS` equal bins, and its zeros."""
+    """Counts of a tensor's non-zero finite values over [-R, R] in `bins` equal bins, and its zeros."""
 
-    def __init__(self) -> None:
-        self.counts = np.zeros(BINS, dtype=np.int64)
+    def __init__(self, bins: int = MAX_BINS) -> None:
+        self.bins = bins
+        self.counts: np.ndarray | None = None  # allocated with the first non-zero value
         self.zeros = 0
         self.limit = 0.0  # R; 0 until a non-zero value arrives
 
@@ -37,31 +48,32 @@ class Histogram:
         if nonzero.size == 0:
             return
         largest = float(np.abs(nonzero).max())
-        if self.limit == 0.0:
+        if self.counts is None:
+            self.counts = np.zeros(self.bins, dtype=np.int32)  # int32: 2^31 values a bin before it wraps
             self.limit = 2.0 ** math.ceil(math.log2(largest))
         while largest > self.limit:
             self._double()
-        index = np.floor((nonzero + self.limit) * (BINS / (2 * self.limit))).astype(np.int64)
-        self.counts += np.bincount(np.clip(index, 0, BINS - 1), minlength=BINS)
+        index = np.floor((nonzero + self.limit) * (self.bins / (2 * self.limit))).astype(np.int64)
+        self.counts += np.bincount(np.clip(index, 0, self.bins - 1), minlength=self.bins).astype(np.int32)
 
     def _double(self) -> None:
         """Twice the range, half the resolution: pairs of bins merge into the middle half."""
-        merged = self.counts.reshape(-1, 2).sum(axis=1)
-        self.counts = np.zeros(BINS, dtype=np.int64)
-        self.counts[BINS // 4: BINS // 4 + merged.size] = merged
+        merged = self.counts.reshape(-1, 2).sum(axis=1, dtype=np.int32)
+        self.counts = np.zeros(self.bins, dtype=np.int32)
+        self.counts[self.bins // 4: self.bins // 4 + merged.size] = merged
         self.limit *= 2
 
     @property
     def total(self) -> int:
-        return int(self.counts.sum()) + self.zeros
+        return (int(self.counts.sum(dtype=np.int64)) if self.counts is not None else 0) + self.zeros
 
     def squared_error(self, scale: float, qmin: float, qmax: float, zero_point: float,
                       bounds: tuple[float, float] = (-math.inf, math.inf)) -> float:
         """Mean squared error of Q → DQ with this grid over the values counted, each first clipped
         to `bounds` (a Clip before the Q). Bin centres stand for their bins; zeros are exact."""
-        if self.total == 0:
+        if self.counts is None:
             return 0.0
-        width = 2 * self.limit / BINS
-        centres = np.clip(-self.limit + width * (np.arange(BINS) + 0.5), *bounds)
+        width = 2 * self.limit / self.bins
+        centres = np.clip(-self.limit + width * (np.arange(self.bins) + 0.5), *bounds)
         grid = (np.clip(np.rint(centres / scale) + zero_point, qmin, qmax) - zero_point) * scale
-        return float(np.dot(self.counts, (grid - centres) ** 2) / self.total)
+        return float(np.dot(self.counts.astype(np.float64), (grid - centres) ** 2) / self.total)
