@@ -42,9 +42,10 @@ CORPUS = REPO / "tests" / "corpus" / "torch"
 ALLOWED = 0.002
 
 
-def fixed(model: Path, out: Path, calibration: Path | None) -> dict:
-    """Run `qdq fix --target npu` in this process; its exit code and seconds."""
-    argv = ["fix", str(model), "--target", "npu", "-o", str(out), "--no-verify", "--format", "json"]
+def fixed(model: Path, out: Path, calibration: Path | None, rules: Path | None = None) -> dict:
+    """Run `qdq fix --target npu` (or `--rules`) in this process; its exit code and seconds."""
+    target = ["--rules", str(rules)] if rules else ["--target", "npu"]
+    argv = ["fix", str(model), *target, "-o", str(out), "--no-verify", "--format", "json"]
     if calibration is not None:
         argv += ["--calibrate", str(calibration)]
     with redirect_stdout(io.StringIO()), redirect_stderr(io.StringIO()):
@@ -57,7 +58,7 @@ def distance(got: np.ndarray, want: np.ndarray) -> float:
     return round(float(np.linalg.norm(got - want) / np.linalg.norm(want)), 4)
 
 
-def measure(model: Path, folder: Path, held_out: bool) -> dict:
+def measure(model: Path, folder: Path, held_out: bool, rules: Path | None = None) -> dict:
     arch = model.stem.split("_")[0]
     twin = folder / f"{model.stem}_twin.onnx"
     onnx.save(float_twin(onnx.load(str(model)), load_target("npu").params_of("QDQ006")).model, str(twin))
@@ -72,7 +73,7 @@ def measure(model: Path, folder: Path, held_out: bool) -> dict:
     outs = {"export": model}
     for label, data in (("no_data", None), ("calibrated", calibration)):
         outs[label] = folder / f"{model.stem}_{label}.onnx"
-        row[f"{label}_seconds"] = fixed(model, outs[label], data)["seconds"]
+        row[f"{label}_seconds"] = fixed(model, outs[label], data, rules if data else None)["seconds"]
     for label, path in outs.items():
         got = logits(path, arch)[0][measured]
         row[label] = {"float": distance(got, float_out), "twin": distance(got, twin_out)}
@@ -85,6 +86,8 @@ def main() -> None:
     parser.add_argument("--models", nargs="*", help="corpus file stems (default: every FX QAT export)")
     parser.add_argument("--held-out", action="store_true",
                         help="calibrate on the first 8 samples, measure on the other 8")
+    parser.add_argument("--rules", type=Path, help="calibrate with this rule set file instead of the npu target "
+                        "(a candidate change; the fix without data stays the shipped one)")
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
     models = sorted(CORPUS.glob("*fx_qat*.onnx"))
@@ -95,7 +98,7 @@ def main() -> None:
     rows = []
     with tempfile.TemporaryDirectory() as scratch:
         for model in models:
-            row = measure(model, Path(scratch), args.held_out)
+            row = measure(model, Path(scratch), args.held_out, args.rules)
             rows.append(row)
             pairs = [f"{row[k]['float']:.4f}/{row[k]['twin']:.4f}" for k in ("export", "no_data", "calibrated")]
             met = "/".join("yes" if row["met"][ref] else "no" for ref in ("float", "twin"))

@@ -16,21 +16,27 @@ from builders import GraphBuilder
 from onnx import numpy_helper
 
 from qdq.engine.fix import fix
+from qdq.engine.lint import lint
 from qdq.engine.ruleset import load_rules_file
 from qdq.graph.model import load_model, save_model
 from qdq.quant.calibrate import tensor_ranges
+from qdq.support.errors import RuleSetError
 from qdq.quant.histogram import MAX_BINS, MEMORY, MIN_BINS, Histogram, bins_for
 
 
 
-def exact_error(values: np.ndarray, pos: int, qmin=-128, qmax=127, zp=0) -> float:
+CLIP_WEIGHT = 2.0  # set in each test's rules file, so the brute force below is told it, not read from qdq
+
+
+def exact_error(values: np.ndarray, pos: int, qmin=-128, qmax=127, zp=0, clip_weight=1.0) -> float:
     scale = 2.0**-pos
-    back = (np.clip(np.rint(values / scale) + zp, qmin, qmax) - zp) * scale
-    return float(np.mean((back - values) ** 2))
+    integers = np.rint(values / scale) + zp
+    error = ((np.clip(integers, qmin, qmax) - zp) * scale - values) ** 2
+    return float(np.mean(np.where((integers < qmin) | (integers > qmax), clip_weight * error, error)))
 
 
 def best_pos(values: np.ndarray, positions) -> int:
-    errors = {pos: exact_error(values, pos) for pos in positions}
+    errors = {pos: exact_error(values, pos, clip_weight=CLIP_WEIGHT) for pos in positions}
     return min(errors, key=lambda pos: (errors[pos], pos))
 
 
@@ -49,6 +55,9 @@ def test_histogram_error_matches_the_exact_error_after_its_range_doubles():
         # Values clipped first (a Clip(0, 1) before the Q), then quantized.
         exact = exact_error(np.clip(everything, 0, 1), pos)
         assert abs(histogram.squared_error(2.0**-pos, -128, 127, 0, (0, 1)) - exact) <= 0.1 * exact, pos
+        # Saturated values' error weighted 3 times.
+        exact = exact_error(everything, pos, clip_weight=3.0)
+        assert abs(histogram.squared_error(2.0**-pos, -128, 127, 0, clip_weight=3.0) - exact) <= 0.1 * exact, pos
 
 
 def test_many_histograms_share_a_memory_budget():
@@ -76,7 +85,7 @@ def heavy_tailed_graph(tmp_path, scale: float, one_sided: bool = False):
 def fixed_scale(tmp_path, path, rounding: str, samples, codes=("QDQ504",)) -> float:
     """The Q's scale after fixing with npu narrowed to `codes`, `rounding` for activations."""
     rules = tmp_path / "rules.toml"
-    rules.write_text(f'extends = "npu"\n[rules.QDQ504]\nrounding = "{rounding}"\n')
+    rules.write_text(f'extends = "npu"\n[rules.QDQ504]\nrounding = "{rounding}"\nclip_weight = {CLIP_WEIGHT}\n')
     model = load_model(path)
     ranges = tensor_ranges(path, *samples) if samples else None
     result = fix(model, load_rules_file(rules).narrowed(select=list(codes)), ranges=ranges)
@@ -91,7 +100,7 @@ def fixed_scale(tmp_path, path, rounding: str, samples, codes=("QDQ504",)) -> fl
 def test_min_error_clips_a_heavy_tail_that_ceil_keeps(tmp_path):
     # The input's scale holds the largest value (6.3 / 127); most values are far smaller.
     rng = np.random.default_rng(0)
-    samples = [{"x": rng.laplace(0, 0.4, (64, 64)).astype(np.float32)} for _ in range(8)]
+    samples = [{"x": rng.laplace(0, 0.3, (64, 64)).astype(np.float32)} for _ in range(16)]
     samples[0]["x"][0, 0] = 6.3
     everything = np.concatenate([s["x"].ravel() for s in samples]).astype(np.float64)
     path = heavy_tailed_graph(tmp_path, 6.3 / 127)
@@ -128,3 +137,10 @@ def test_min_error_reads_the_values_behind_a_clip_the_fix_put_back(tmp_path, out
     else:
         assert best_pos(measured, range(ceil_pos - 5, ceil_pos + 5)) < ceil_pos  # unclipped, the outlier would win
     assert fixed_scale(tmp_path, path, "min-error", samples, ("QDQ503", "QDQ504")) == 2.0**-expected
+
+
+def test_clip_weight_below_one_is_refused(tmp_path):
+    rules = tmp_path / "rules.toml"
+    rules.write_text('extends = "npu"\n[rules.QDQ504]\nclip_weight = 0.5\n')
+    with pytest.raises(RuleSetError, match="clip_weight must be a number >= 1"):
+        lint(load_model(heavy_tailed_graph(tmp_path, 0.05)), load_rules_file(rules))

@@ -68,12 +68,16 @@ class Histogram:
         return (int(self.counts.sum(dtype=np.int64)) if self.counts is not None else 0) + self.zeros
 
     def squared_error(self, scale: float, qmin: float, qmax: float, zero_point: float,
-                      bounds: tuple[float, float] = (-math.inf, math.inf)) -> float:
+                      bounds: tuple[float, float] = (-math.inf, math.inf), clip_weight: float = 1.0) -> float:
         """Mean squared error of Q → DQ with this grid over the values counted, each first clipped
-        to `bounds` (a Clip before the Q). Bin centres stand for their bins; zeros are exact."""
+        to `bounds` (a Clip before the Q); the error of values the grid saturates counts
+        `clip_weight` times. Bin centres stand for their bins; zeros are exact."""
         if self.counts is None:
             return 0.0
         width = 2 * self.limit / self.bins
         centres = np.clip(-self.limit + width * (np.arange(self.bins) + 0.5), *bounds)
-        grid = (np.clip(np.rint(centres / scale) + zero_point, qmin, qmax) - zero_point) * scale
-        return float(np.dot(self.counts.astype(np.float64), (grid - centres) ** 2) / self.total)
+        integers = np.rint(centres / scale) + zero_point
+        error = ((np.clip(integers, qmin, qmax) - zero_point) * scale - centres) ** 2
+        if clip_weight != 1.0:
+            error = np.where((integers < qmin) | (integers > qmax), clip_weight * error, error)
+        return float(np.dot(self.counts.astype(np.float64), error) / self.total)
