@@ -161,6 +161,8 @@ def main() -> None:
     parser.add_argument("--rules", nargs="*", type=Path, default=[],
                         help="also fix without data with these rule set files (a candidate change, measured "
                              "beside the shipped one)")
+    parser.add_argument("--rules-calibrated", action="store_true",
+                        help="fix with the --rules files with --calibrate as well")
     parser.add_argument("--no-verify", dest="verify", action="store_false",
                         help="skip the fix's own verdict (saves its runs; the verdict column shows -)")
     parser.add_argument("--json", type=Path)
@@ -174,7 +176,8 @@ def main() -> None:
             quantized = sorted({p for pattern in args.models for p in TRAINED.glob(pattern)
                                 if p.name.startswith(f"ppocr_{task}_")})
             variants = [v for v in VARIANTS if v[0] in args.variants] + [
-                (f"no data, {path.stem}", path, False) for path in args.rules]
+                (f"{'calibrated' if data else 'no data'}, {path.stem}", path, data)
+                for path in args.rules for data in ([False, True] if args.rules_calibrated else [False])]
             results += [{"task": task, "split": args.split, **row}
                         for row in measure(task, quantized, Path(scratch), variants, args.split, args.verify)]
             if args.json:  # after every task, so a long run keeps what it measured
