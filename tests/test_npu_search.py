@@ -59,9 +59,9 @@ def test_ranges_cover_every_sample():
 
 def test_fix_with_calibration_data_is_clean_and_closer_to_the_float_twin(tmp_path):
     """ResNet FX QAT (x86), rel L2 from the export's float twin: export 0.0391, `qdq fix --target npu` 0.0633,
-    with the 16 samples and the search on (which starts from QDQ504's positions chosen on them, 0.0560)
-    0.0502 (docs/benchmarks.md). Only moves whose gain the samples share are kept: keeping every move
-    that lowers the total was further from the twin than the fix without data on samples held out.
+    with the 16 samples 0.0560 (QDQ504's positions chosen on them), and the search on starts from there
+    (docs/benchmarks.md). Only moves whose gain the samples share are kept: keeping every move that
+    lowers the total was further from the twin than the fix without data on samples held out.
     """
     calibration = CORPUS / "float" / "resnet.npz"
     no_data, with_data, report = tmp_path / "no_data.onnx", tmp_path / "with_data.onnx", tmp_path / "report.json"
