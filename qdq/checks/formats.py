@@ -484,8 +484,8 @@ class NonPow2Scale(Rule):
     it adds up downstream where rounding errors partly cancel; measured on FX QAT exports and
     PP-OCR (docs/benchmarks.md), plain squared error (1) put MobileNetV2 further from its
     float twin than `ceil`, and 2 did not. Without data an activation's `min-error` is `ceil`:
-    the input's grid is all that is known of its values. Int32 biases are left to QDQ606, which sets them to input ×
-    weight scale (`exempt_int32_bias`).
+    the input's grid is all that is known of its values. Int32 biases are left to QDQ606,
+    which sets them to input × weight scale (`exempt_int32_bias`).
 
     Example: `Q(x, scale=0.0123)` → `scale=2^-6 = 0.015625` with `ceil`. Approximate; stored
     integers are re-quantized.
