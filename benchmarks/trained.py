@@ -11,8 +11,8 @@ target's independent checker). It adds the task metric (`tests/trained/tasks.py`
 model, the quantized input and the candidate fix wrote, the last two in the target's arithmetic:
 onnxruntime's default optimisations for ort (its fused integer kernels), none for npu and trt
 (onnxruntime's fused u8 × s8 kernels saturate on CPUs without VNNI, which TensorRT does not). No
-`--calibrate`: with it, the npu target's greedy position search costs up to 200 fixes and
-200 × 16 runs, over 15 minutes on the detector. The candidate is compared with the input and with
+`--calibrate`: these rows judge the fix without data, as a CI gate runs it; the calibrated NPU
+conversions are benchmarks/npu_accuracy.py's. The candidate is compared with the input and with
 the float model sample by sample (`paired`, `paired_float`: samples it scores worse and better, the
 sign test's p), so that whether it loses the task is judged by benchmarks/significance.py, the rule
 benchmarks/verdict.py judges by. It prints one JSON row per file and target as it goes, and writes
