@@ -7,7 +7,7 @@ per-tensor symmetric int8 with power-of-two scales, TensorRT allows per-channel 
 from __future__ import annotations
 
 import math
-from typing import Iterable
+from typing import Callable, Iterable
 
 import numpy as np
 from onnx import TensorProto
@@ -20,6 +20,7 @@ from qdq.quant.dtypes import DEQUANTIZE_ONLY, QuantType, quant_type, type_name
 from qdq.quant.histogram import Histogram
 from qdq.quant.index import PER_AXIS, PER_TENSOR, QUANTIZE, QParams, QTensor, is_uniform
 from qdq.quant.operands import ACTIVATION, BIAS, WEIGHT, WEIGHT_INPUT, output_channel_axis, role
+from qdq.quant.rounding import quantize
 from qdq.rewrite.insertion import float_type
 from qdq.rewrite.requantize import (describe, effective_values, same_real_values, set_params, why_grid_is_fixed,
                                     why_type_is_fixed)
@@ -561,33 +562,36 @@ def _measured(ctx: FixContext, qt: QTensor) -> tuple[Histogram, tuple[float, flo
 def _least_error_on_data(measured: Histogram, bounds: tuple[float, float], params: QParams,
                          clip_weight: float) -> np.ndarray:
     """The power of two with the least squared error on the measured values (clipped to `bounds`,
-    saturated ones weighted `clip_weight`): from the coarsest that holds them all (or the input's,
-    rounded up, if coarser) to four positions finer than the input's; of equal errors, the coarsest."""
+    saturated ones weighted `clip_weight`), starting from the coarsest that holds them all where
+    that is coarser than the input's scale rounded up."""
     qtype, zp = params.qtype, float(params.zero_point.ravel()[0])
-    ceil_pos = -math.ceil(math.log2(float(params.scale.ravel()[0])))
-    start = ceil_pos
     reach = min(qtype.qmax - zp, zp - qtype.qmin)  # grid steps on the short side
-    if reach > 0 and measured.limit:  # the histogram's limit R holds every value; R / reach clips none
-        start = min(start, -math.ceil(math.log2(measured.limit / reach)))
-    errors = {pos: measured.squared_error(2.0**-pos, qtype.qmin, qtype.qmax, zp, bounds, clip_weight)
-              for pos in range(start, ceil_pos + 5)}
-    return np.asarray(2.0 ** -min(errors, key=lambda pos: (errors[pos], pos)))
+    # The histogram's limit R holds every value; R / reach clips none.
+    holds_all = -math.ceil(math.log2(measured.limit / reach)) if reach > 0 and measured.limit else None
+    return _least_error_scale(
+        params, lambda scale: measured.squared_error(scale, qtype.qmin, qtype.qmax, zp, bounds, clip_weight), holds_all)
 
 
 def _min_error_scale(real: np.ndarray, params: QParams) -> np.ndarray:
-    """The power of two, from the non-clipping one down to 4 positions finer, with the least squared error."""
+    """The power of two with the least squared error on a weight's own values."""
     if params.granularity != PER_TENSOR:
         return _ceil(params.scale)
     qtype, zp = params.qtype, float(params.zero_point.ravel()[0])
-    start = -math.ceil(math.log2(float(params.scale.ravel()[0])))
-    best, best_error = None, math.inf
-    for pos in range(start, start + 5):
-        scale = 2.0**-pos
-        q = np.clip(np.rint(real / scale) + zp, qtype.qmin, qtype.qmax)
-        error = float(np.sum(((q - zp) * scale - real) ** 2))
-        if error < best_error:
-            best, best_error = scale, error
-    return np.asarray(best)
+
+    def error(scale: float) -> float:
+        integers, _ = quantize(real, scale, zp, qtype.qmin, qtype.qmax)
+        return float(np.sum(((integers - zp) * scale - real) ** 2))
+
+    return _least_error_scale(params, error)
+
+
+def _least_error_scale(params: QParams, error: Callable[[float], float], coarsest: int | None = None) -> np.ndarray:
+    """The power of two with the least `error(scale)`, from the input's scale rounded up (or position
+    `coarsest`, if coarser) to four positions finer; of equal errors, the coarsest."""
+    ceil_pos = -math.ceil(math.log2(float(params.scale.ravel()[0])))
+    first = ceil_pos if coarsest is None else min(coarsest, ceil_pos)
+    errors = {pos: error(2.0**-pos) for pos in range(first, ceil_pos + 5)}
+    return np.asarray(2.0 ** -min(errors, key=lambda pos: (errors[pos], pos)))
 
 
 

@@ -18,6 +18,8 @@ import math
 
 import numpy as np
 
+from qdq.quant.rounding import quantize
+
 # 2^14 bins give 4 per step at the finest grid QDQ504 asks about (four positions finer than one
 # that holds R: step R / 2048); a model with many quantizers gets fewer, so that all of its
 # histograms together stay within MEMORY bytes, down to MIN_BINS.
@@ -76,8 +78,8 @@ class Histogram:
             return 0.0
         width = 2 * self.limit / self.bins
         centres = np.clip(-self.limit + width * (np.arange(self.bins) + 0.5), *bounds)
-        integers = np.rint(centres / scale) + zero_point
-        error = ((np.clip(integers, qmin, qmax) - zero_point) * scale - centres) ** 2
+        integers, unclipped = quantize(centres, scale, zero_point, qmin, qmax)
+        error = ((integers - zero_point) * scale - centres) ** 2
         if clip_weight != 1.0:
-            error = np.where((integers < qmin) | (integers > qmax), clip_weight * error, error)
+            error = np.where(integers != unclipped, clip_weight * error, error)
         return float(np.dot(self.counts.astype(np.float64), error) / self.total)
