@@ -528,7 +528,7 @@ class NonPow2Scale(Rule):
             scale = _least_error_on_data(*measured, params, float(ctx.params["clip_weight"]))
             method = "least squared error on the calibration data"
         elif method == "min-error":
-            real = effective_values(ctx, qt) if kind != ACTIVATION else None
+            real = effective_values(ctx, qt)
             scale = _min_error_scale(real.astype(np.float64), params) if real is not None else _ceil(params.scale)
             method = "min-error" if real is not None else "ceil"
         elif method == "nearest":
